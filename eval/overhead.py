@@ -1,0 +1,182 @@
+"""What does the PACER code path cost when the head never stops a round?
+
+Compares, in one process, interleaved prompt by prompt in rotating order, transformers' stock
+`AssistedCandidateGenerator` drafting a constant k tokens per round (confidence stop off) with
+`PacerCandidateGenerator` drafting with an untrained head (which always passes) and `max_draft = k`. Both produce the
+same rounds and the same greedy tokens, so the time ratio is pure overhead (or saving) of our draft loop and head.
+
+    OMP_WAIT_POLICY=PASSIVE python -m eval.overhead --pair qwen2.5-coder --dtype bfloat16 --out eval/results/overhead
+
+Writes `<out>.json` (every record + environment), `<out>.md` (table) and `<out>.png` (per-prompt ratios).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import pacer_hf
+from pacer_hf import PacerHead, PacerHeadConfig
+
+PROMPTS = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain in two sentences why the sky is blue.",
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n",
+    "Give three tips for writing clear commit messages.",
+    "class Stack:\n    \"\"\"A minimal LIFO stack.\"\"\"\n\n    def __init__(self):\n",
+)
+
+
+def _load_pair(pair: str, dtype: torch.dtype):
+    """Returns (target, draft, encode) where encode(text) -> input ids [1, L]."""
+    if pair == "tiny":
+        from pacer_hf.tiny_models import tiny_pair
+
+        target, draft = tiny_pair("qwen2", "noisy", seed=0)
+        return target, draft, lambda text: torch.tensor([[0] + [ord(c) % 90 + 2 for c in text[:24]]])
+    from pacer_hf.models import PAIRS, load_model
+
+    draft_name, target_name = PAIRS[pair]
+    target, tokenizer = load_model(target_name, dtype=dtype)
+    draft, _ = load_model(draft_name, dtype=dtype)
+
+    def encode(text: str) -> torch.Tensor:
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+            "input_ids"
+        ]
+
+    return target, draft, encode
+
+
+def _stock(target, draft, ids, k: int, max_new_tokens: int) -> tuple[torch.Tensor, float]:
+    config = draft.generation_config
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+    config.assistant_confidence_threshold = 0.0  # a constant k: no confidence stop, no ROC re-fit
+    start = time.perf_counter()
+    out = target.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
+    return out, time.perf_counter() - start
+
+
+def _pacer(target, draft, ids, head: PacerHead, max_new_tokens: int) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    out = target.generate(ids, assistant_model=draft, pacer_head=head, max_new_tokens=max_new_tokens, do_sample=False)
+    return out, time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, draft, encode = _load_pair(args.pair, dtype)
+    records = []
+    prompts = [encode(p) for p in PROMPTS[: args.num_prompts]]
+    for k in args.draft_lengths:
+        # An untrained head always passes (see CONTINUE_LOGIT); threshold 0.5 keeps it running after every block.
+        head = PacerHead(
+            PacerHeadConfig(
+                vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+                block_size=args.block_size, max_draft=k, threshold=0.5,
+            )
+        ).to(dtype=dtype)
+        _stock(target, draft, prompts[0], k, 8)  # warm-up, excluded
+        _pacer(target, draft, prompts[0], head, 8)
+        for index, ids in enumerate(prompts):
+            order = ("stock", "pacer") if index % 2 == 0 else ("pacer", "stock")
+            result = {}
+            for method in order:
+                if method == "stock":
+                    result["stock"] = _stock(target, draft, ids, k, args.max_new_tokens)
+                else:
+                    result["pacer"] = _pacer(target, draft, ids, head, args.max_new_tokens)
+                    stats = head.last_stats
+            (stock_out, stock_s), (pacer_out, pacer_s) = result["stock"], result["pacer"]
+            round_time = stats.draft_time_s + stats.head_time_s + stats.target_time_s
+            records.append(
+                {
+                    "k": k, "prompt": index, "stock_s": stock_s, "pacer_s": pacer_s, "ratio": pacer_s / stock_s,
+                    "new_tokens": int(pacer_out.shape[1] - ids.shape[1]), "equal": bool(torch.equal(stock_out, pacer_out)),
+                    "rounds": stats.rounds, "head_calls": stats.head_calls, "head_share": stats.head_time_s / round_time,
+                    "draft_s": stats.draft_time_s, "head_s": stats.head_time_s, "target_s": stats.target_time_s,
+                }
+            )
+            print(f"k={k} prompt={index} stock={stock_s:.2f}s pacer={pacer_s:.2f}s ratio={pacer_s / stock_s:.3f} "
+                  f"head share={records[-1]['head_share']:.3%} equal={records[-1]['equal']}")
+    summary = {
+        k: {
+            "median_ratio": statistics.median(r["ratio"] for r in records if r["k"] == k),
+            "ratio_of_totals": sum(r["pacer_s"] for r in records if r["k"] == k)
+            / sum(r["stock_s"] for r in records if r["k"] == k),
+            "median_head_share": statistics.median(r["head_share"] for r in records if r["k"] == k),
+            "all_equal": all(r["equal"] for r in records if r["k"] == k),
+        }
+        for k in args.draft_lengths
+    }
+    environment = {
+        "torch": torch.__version__, "transformers": transformers.__version__, "pacer_hf": pacer_hf.__version__,
+        "dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "pair": args.pair, "block_size": args.block_size,
+        "max_new_tokens": args.max_new_tokens,
+    }
+    return {"environment": environment, "summary": summary, "records": records}
+
+
+def write_report(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    env = result["environment"]
+    lines = [
+        f"PACER code-path overhead, pair `{env['pair']}`, {env['dtype']}, {env['threads']} threads, block size "
+        f"{env['block_size']}, {env['max_new_tokens']} new tokens, greedy",
+        "",
+        "| k | median time ratio PACER/stock | ratio of total times | median head share of round time | outputs equal |",
+        "|---|---|---|---|---|",
+    ]
+    for k, s in result["summary"].items():
+        lines.append(f"| {k} | {s['median_ratio']:.3f} | {s['ratio_of_totals']:.3f} | {s['median_head_share']:.2%} | "
+                     f"{s['all_equal']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for k in result["summary"]:
+        ratios = [r["ratio"] for r in result["records"] if str(r["k"]) == str(k)]
+        ax.plot(range(len(ratios)), ratios, marker="o", label=f"k={k}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("prompt")
+    ax.set_ylabel("time PACER (always-pass head) / stock")
+    ax.set_title(f"PACER code-path overhead ({env['pair']}, {env['dtype']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="tiny", help="`tiny` or a pinned pair name from pacer_hf.models.PAIRS")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--draft-lengths", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--block-size", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("eval/results/overhead"))
+    args = parser.parse_args()
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        print("warning: set OMP_WAIT_POLICY=PASSIVE before starting Python, or timings stall (see README)")
+    write_report(run(args), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""pacer-hf: lossless PACER speculative decoding for Hugging Face `generate()`.
+
+PACER ("Blockwise Pre-verification for Speculative Decoding with Adaptive Length", arXiv 2602.01274) drafts in
+blocks and lets a small trained head stop each draft as soon as a block is predicted to fail:
+
+```python
+import pacer_hf
+from pacer_hf import PacerHead
+
+head = PacerHead.from_pretrained("<org>/<head repo or local dir>")
+out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=256)
+print(head.last_stats.summary())
+```
+
+`import pacer_hf` teaches every transformers model the `pacer_head=` argument (set `PACER_HF_NO_PATCH=1` before the
+import to opt out and use `enable_pacer(model)` instead). Greedy output equals the target's own greedy output token
+for token; sampling keeps the target's distribution exactly.
+"""
+
+import os
+
+from ._version import __version__
+from .candidate_generator import PacerCandidateGenerator
+from .config import PacerHeadConfig
+from .generation import (
+    disable_pacer,
+    enable_pacer,
+    is_transformers_patched,
+    patch_transformers,
+    unpatch_transformers,
+)
+from .head import PacerHead, check_pair_compatible, draft_distribution_features
+from .stats import PacerStats
+
+if os.environ.get("PACER_HF_NO_PATCH", "").lower() not in ("1", "true", "yes"):
+    patch_transformers()
+
+__all__ = [
+    "PacerCandidateGenerator",
+    "PacerHead",
+    "PacerHeadConfig",
+    "PacerStats",
+    "__version__",
+    "check_pair_compatible",
+    "disable_pacer",
+    "draft_distribution_features",
+    "enable_pacer",
+    "is_transformers_patched",
+    "patch_transformers",
+    "unpatch_transformers",
+]

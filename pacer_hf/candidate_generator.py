@@ -1,0 +1,209 @@
+"""`PacerCandidateGenerator`: blockwise drafting that a PACER head stops at the right block.
+
+Notation: p = target distribution, q = draft distribution, both after the target's logits processors.
+Shapes: L = tokens so far, k = drafted tokens of the round, H = draft hidden size, V = vocabulary, F = features.
+"""
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.candidate_generator import AssistedCandidateGenerator
+from transformers.generation.logits_process import MinLengthLogitsProcessor
+
+from .config import PacerHeadConfig
+from .head import PacerHead, draft_distribution_features
+from .stats import PacerStats
+
+
+class PacerCandidateGenerator(AssistedCandidateGenerator):
+    """Candidate generator for transformers' assisted generation that drafts in blocks of `config.block_size` tokens
+    and asks a [`PacerHead`] after each full block whether to draft another one (PACER, arXiv 2602.01274).
+
+    It keeps the parent's set-up (assistant kwargs, logits processors, length limits) but runs its own draft loop:
+    one draft forward per token, with the draft's `DynamicCache` kept across rounds and rolled back only as far as
+    the target rejected. Losslessness: the block the head rejects is still sent to the target (stopping only ends
+    drafting), and whether a block is drafted depends only on tokens already drafted, so the draft length is a
+    stopping time and speculative sampling stays exact. `get_candidates` returns the processed draft logits each
+    token was drawn from.
+
+    Built by `target.generate(..., assistant_model=draft, pacer_head=head)`; see
+    https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the prompt.
+        assistant_model (`PreTrainedModel`): the draft model.
+        generation_config (`GenerationConfig`): the target's per-call generation config.
+        model_kwargs (`dict`): the target's model kwargs (attention mask, ...).
+        inputs_tensor (`torch.Tensor`, *optional*): the model input tensor.
+        logits_processor (`LogitsProcessorList`, *optional*): the target's prepared logits processors.
+        pacer_head (`PacerHead`): the head that decides when to stop drafting.
+        config (`PacerHeadConfig`, *optional*): drafting settings; defaults to `pacer_head.config`.
+        stats (`PacerStats`, *optional*): filled with per-round statistics.
+    """
+
+    # The parent's online ROC re-fit of `assistant_confidence_threshold` and its `ConfidenceCriteria` are switched
+    # off for subclasses (`type(self) is AssistedCandidateGenerator` guards) and our loop never builds stopping
+    # criteria: only the head decides when a round ends. Nothing of either is re-implemented here on purpose.
+    requires_model_outputs = False
+
+    def __init__(
+        self,
+        input_ids: torch.LongTensor,
+        assistant_model: PreTrainedModel,
+        generation_config: GenerationConfig,
+        model_kwargs: dict,
+        inputs_tensor: torch.Tensor | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        *,
+        pacer_head: PacerHead,
+        config: PacerHeadConfig | None = None,
+        stats: PacerStats | None = None,
+    ):
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"assisted generate with `pacer_head` is only supported for batch_size = 1, got batch_size = "
+                f"{input_ids.shape[0]}"
+            )
+        super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
+        self.head = pacer_head
+        self.config = config if config is not None else pacer_head.config
+        self.stats = stats if stats is not None else PacerStats()
+        self.do_sample = bool(self.generation_config.do_sample)
+        self._log_threshold = math.log(self.config.threshold) if self.config.threshold > 0 else -math.inf
+        self._head_param = next(pacer_head.parameters())
+
+        eos = self.generation_config._eos_token_tensor
+        self._eos = eos.to(assistant_model.device) if eos is not None else None
+        # The parent drops MinLengthLogitsProcessor because the draft's inner generate() re-creates it from
+        # `min_new_tokens`; our loop has no inner generate(), so it masks EOS until the target's `min_length` itself.
+        processors = list(self.logits_processor)
+        if self._eos is not None and self.main_model_min_length:
+            processors.append(MinLengthLogitsProcessor(self.main_model_min_length, self._eos, device=self._eos.device))
+        self._processors = LogitsProcessorList(processors)
+
+        self._cache = DynamicCache(config=assistant_model.config)
+        self._cache.activate_past_recording()  # lets sliding-window draft layers roll back past their window
+        self._cached_ids = input_ids[:, :0].to(assistant_model.device)  # tokens whose keys/values are in the cache
+        self._forward_kwargs = {"logits_to_keep": 1} if assistant_model._supports_logits_to_keep() else {}
+        # Only a padded prompt needs an explicit mask; positions then follow the mask, as for the target.
+        mask = self.assistant_kwargs.get("attention_mask")
+        self._prompt_mask = mask if mask is not None and not bool(mask.all()) else None
+        self._round_end = 0.0
+
+    # ---- the transformers contract ------------------------------------------------------------------------
+
+    def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Drafts one round.
+
+        Returns:
+            `candidate_input_ids` (`torch.LongTensor` of shape `(1, sequence_length + k)`) and the processed draft
+            logits each drafted token was drawn from (`torch.FloatTensor` of shape `(1, k, vocab_size)`), or
+            `(input_ids, None)` when the length limit leaves no room for a draft.
+        """
+        input_ids = input_ids.to(self.assistant_model.device)
+        max_new_tokens = min(self.config.max_draft, self.main_model_max_length - input_ids.shape[1] - 1)
+        if max_new_tokens <= 0:
+            self.stats.draft_lengths.append(0)
+            self._round_end = time.perf_counter()
+            return input_ids, None
+        self._sync_cache(input_ids)
+        tokens, scores, stopped_by_head = self._draft_blocks(input_ids, max_new_tokens)
+        self.stats.draft_lengths.append(tokens.shape[1])
+        self.stats.head_stops += int(stopped_by_head)
+        self._round_end = time.perf_counter()
+        return torch.cat([input_ids, tokens], dim=-1), scores
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        # Not the parent's: its `heuristic` schedule and ROC threshold are replaced by the head.
+        self.stats.target_time_s += time.perf_counter() - self._round_end
+        self.stats.accepted_lengths.append(int(num_matches))
+
+    # ---- one round ----------------------------------------------------------------------------------------
+
+    def _draft_blocks(self, input_ids: torch.LongTensor, max_new_tokens: int) -> tuple[torch.LongTensor, torch.Tensor, bool]:
+        """Drafts up to `max_new_tokens` tokens, one block at a time, until the head stops the round.
+
+        Returns the drafted tokens `[1, k]`, their processed logits `[1, k, V]` and whether the head stopped.
+        """
+        block_size = self.config.block_size
+        ids = input_ids  # [1, L + i]
+        hidden, scores, features = [], [], []  # per drafted token: [1, H], [1, V]; per head call: [1, block, F]
+        for i in range(max_new_tokens):
+            start = time.perf_counter()
+            logits, last_hidden = self._forward(ids)  # [1, V], [1, H]: the state that produces token i
+            step_scores = self._processors(ids, logits)  # [1, V]: q before sampling, as the target processes p
+            token = self._select(step_scores)  # [1, 1]
+            ids = torch.cat([ids, token], dim=-1)
+            hidden.append(last_hidden)
+            scores.append(step_scores)
+            self.stats.draft_time_s += time.perf_counter() - start
+            if self._eos is not None and bool(torch.isin(token, self._eos).any()):
+                break  # the target stops at EOS too: nothing after it can be accepted
+            drafted = i + 1
+            # After each full block, except the last one allowed, the head decides whether to draft another.
+            # The failed block itself is still verified: stopping only ends drafting, keeping sampling exact.
+            # (threshold 0 can never stop a round, so the head is not asked.)
+            if drafted % block_size == 0 and drafted < max_new_tokens and self._log_threshold > -math.inf:
+                if self._head_says_stop(hidden, scores, ids[:, -block_size:], features):
+                    return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), True
+        return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), False
+
+    def _head_says_stop(
+        self, hidden: list[torch.Tensor], scores: list[torch.Tensor], block_tokens: torch.LongTensor, features: list
+    ) -> bool:
+        """Scores the round so far and says whether its pass score fell below the threshold."""
+        start = time.perf_counter()
+        block_size = block_tokens.shape[1]
+        block_scores = torch.stack(scores[-block_size:], dim=1)  # [1, block, V]
+        features.append(draft_distribution_features(block_scores, block_tokens))  # [1, block, F]
+        param = self._head_param
+        round_hidden = torch.stack(hidden, dim=1).to(device=param.device, dtype=param.dtype)  # [1, k, H]
+        round_features = torch.cat(features, dim=1).to(device=param.device, dtype=param.dtype)  # [1, k, F]
+        accept_logit = self.head(round_hidden, round_features).float()  # [1, k]
+        log_accept = F.logsigmoid(accept_logit)  # [1, k]: log P(accept token i | earlier tokens accepted)
+        if self.config.score_mode == "block":
+            log_accept = log_accept[:, -block_size:]
+        stop = log_accept.sum().item() < self._log_threshold  # pass score = product of acceptance probabilities
+        self.stats.head_calls += 1
+        self.stats.head_time_s += time.perf_counter() - start
+        return stop
+
+    # ---- draft model plumbing -----------------------------------------------------------------------------
+
+    def _forward(self, ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feeds the tokens of `ids` the cache lacks; returns the last position's logits `[1, V]` (float32) and
+        post-norm hidden state `[1, H]`."""
+        num_cached = self._cached_ids.shape[1]
+        kwargs = dict(self._forward_kwargs)
+        if self._prompt_mask is not None:
+            pad = ids.shape[1] - self._prompt_mask.shape[1]
+            mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(1, pad)], dim=-1)  # [1, L + i]
+            kwargs["attention_mask"] = mask
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)[:, num_cached:]
+        out = self.assistant_model(
+            input_ids=ids[:, num_cached:], past_key_values=self._cache, use_cache=True, output_hidden_states=True,
+            **kwargs,
+        )
+        self._cached_ids = ids
+        # hidden_states[-1] is the post-norm state that feeds the lm_head (transformers ties it to last_hidden_state)
+        return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -1, :]
+
+    def _select(self, scores: torch.Tensor) -> torch.LongTensor:
+        """Picks the next draft token from processed logits `[1, V]` exactly as transformers' decoding does."""
+        if self.do_sample:
+            return torch.multinomial(scores.softmax(dim=-1), num_samples=1)  # [1, 1]
+        return scores.argmax(dim=-1, keepdim=True)  # [1, 1]
+
+    def _sync_cache(self, input_ids: torch.LongTensor) -> None:
+        """Rolls the draft cache back to the longest cached prefix that agrees with `input_ids`, always leaving at
+        least the last token to feed (its logits start the round)."""
+        limit = min(self._cached_ids.shape[1], input_ids.shape[1] - 1)
+        agree = self._cached_ids[0, :limit] == input_ids[0, :limit]
+        common = limit if bool(agree.all()) else int(agree.long().argmin())
+        excess = self._cache.get_seq_length() - common
+        if excess > 0:  # only crop(-n) with n > 0: crop(0) empties the cache in older transformers
+            self._cache.crop(-excess)
+        self._cached_ids = input_ids[:, :common]

@@ -1,0 +1,134 @@
+"""`PacerHeadConfig`: what a PACER head is, how it drafts, and which draft/target pair it belongs to."""
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._version import __version__
+
+ARCHITECTURES = ("attention", "mlp")
+SCORE_MODES = ("round", "block")
+DECODING_MODES = ("greedy", "sampling")
+
+
+@dataclass
+class PacerHeadConfig:
+    """Configuration of a [`PacerHead`]; round-trips to the head's `config.json`.
+
+    This dataclass is the only source of defaults in pacer-hf: functions take a config (or `None`), never a
+    re-typed default. Like PEFT's `PeftConfig`, it records what the head belongs to, so that attaching it to
+    another draft model is an error instead of a silent wrong answer.
+
+    Args:
+        vocab_size (`int`):
+            Vocabulary size of the draft model (`config.vocab_size`) the head was built for.
+        draft_hidden_size (`int`):
+            Width of the draft model's last (post-norm) hidden state, the head's main input.
+        draft_name_or_path (`str`, *optional*):
+            Hub id or path of the draft model.
+        draft_revision (`str`, *optional*):
+            Revision (commit) of the draft model when known.
+        target_name_or_path (`str`, *optional*):
+            Hub id or path of the target model the acceptance labels came from.
+        target_revision (`str`, *optional*):
+            Revision (commit) of the target model when known.
+        architecture (`str`, defaults to `"attention"`):
+            `"attention"`: one causal self-attention block over the round's positions, then an MLP (reference).
+            `"mlp"`: a per-token MLP (ablation).
+        head_hidden_size (`int`, defaults to 128):
+            Width of the head's residual stream.
+        num_attention_heads (`int`, defaults to 4):
+            Attention heads of the `"attention"` architecture.
+        block_size (`int`, defaults to 4):
+            Draft tokens per block; the head runs once after each full block.
+        threshold (`float`, defaults to 0.5):
+            Drafting stops when the pass score falls below it. 0 never stops, 1 stops after the first block.
+            `pacer-hf train` picks it from validation data and the pair's measured cost ratio.
+        max_draft (`int`, defaults to 16):
+            Most draft tokens per round; also the size of the head's position table.
+        score_mode (`str`, defaults to `"round"`):
+            `"round"`: pass score = product of the predicted acceptance probabilities of the whole round so far
+            (the probability that the next block is reached at all). `"block"`: product over the last block only.
+        decoding (`str`, defaults to `"greedy"`):
+            The decoding mode whose acceptance labels the head was trained on (`"greedy"` or `"sampling"`).
+        temperature (`float`, defaults to 1.0):
+            Sampling temperature of the soft acceptance labels a `"sampling"` head was trained on (ignored for
+            `"greedy"`); `pacer-hf train` copies it from the collected data.
+        pacer_hf_version (`str`):
+            Version of pacer-hf that wrote the config; stamped automatically.
+    """
+
+    vocab_size: int = field(metadata={"help": "Vocabulary size of the draft model."})
+    draft_hidden_size: int = field(metadata={"help": "Width of the draft's post-norm last hidden state."})
+    draft_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or path of the draft."})
+    draft_revision: str | None = field(default=None, metadata={"help": "Revision of the draft, when known."})
+    target_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or path of the target."})
+    target_revision: str | None = field(default=None, metadata={"help": "Revision of the target, when known."})
+    architecture: str = field(default="attention", metadata={"help": f"One of {ARCHITECTURES}."})
+    head_hidden_size: int = field(default=128, metadata={"help": "Width of the head's residual stream."})
+    num_attention_heads: int = field(default=4, metadata={"help": "Heads of the attention block."})
+    block_size: int = field(default=4, metadata={"help": "Draft tokens per head call."})
+    threshold: float = field(default=0.5, metadata={"help": "Stop drafting when the pass score falls below this."})
+    max_draft: int = field(default=16, metadata={"help": "Most draft tokens per round."})
+    score_mode: str = field(default="round", metadata={"help": f"One of {SCORE_MODES}."})
+    decoding: str = field(default="greedy", metadata={"help": f"One of {DECODING_MODES}."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of a sampling head's labels."})
+    pacer_hf_version: str = field(default=__version__, metadata={"help": "pacer-hf version that wrote it."})
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "draft_hidden_size", "head_hidden_size", "num_attention_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
+            raise ValueError(f"`block_size` must be an integer >= 1, got {self.block_size!r}.")
+        if not isinstance(self.max_draft, int) or isinstance(self.max_draft, bool) or self.max_draft < self.block_size:
+            raise ValueError(
+                f"`max_draft` must be an integer >= `block_size` ({self.block_size}), got {self.max_draft!r}: "
+                "a round drafts at least one block."
+            )
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+            raise TypeError(f"`threshold` must be a number in [0, 1], got {self.threshold!r}.")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"`threshold` must be in [0, 1], got {self.threshold}.")
+        self.threshold = float(self.threshold)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+            raise ValueError(f"`temperature` must be a number > 0, got {self.temperature!r}.")
+        self.temperature = float(self.temperature)
+        for name, allowed in (
+            ("architecture", ARCHITECTURES),
+            ("score_mode", SCORE_MODES),
+            ("decoding", DECODING_MODES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
+        if self.architecture == "attention" and self.head_hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"`head_hidden_size` ({self.head_hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PacerHeadConfig":
+        """Builds a config from a `config.json` dict: unknown keys warn once, missing required keys raise."""
+        if not isinstance(data, dict):
+            raise TypeError(f"A PACER head config must be a JSON object, got {type(data).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            warnings.warn(
+                f"The PACER head config has keys this pacer-hf ({__version__}) does not know: {unknown}. It was "
+                f"probably saved by a newer pacer-hf (version {data.get('pacer_hf_version', 'unknown')}); upgrade "
+                "pacer-hf. The keys are ignored.",
+                UserWarning,
+                stacklevel=2,
+            )
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"The PACER head config is missing required keys {missing}; it is not a valid head config.")
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,203 @@
+"""How `target.generate(..., assistant_model=draft, pacer_head=head)` reaches `PacerCandidateGenerator`.
+
+One route, in two scopes: `generate()` pops the `pacer_*` keyword arguments into a context variable before
+transformers validates its kwargs, and `_get_candidate_generator()` returns a `PacerCandidateGenerator` while that
+variable is set. `patch_transformers()` installs both on `GenerationMixin` (what `import pacer_hf` does unless
+`PACER_HF_NO_PATCH=1`); `enable_pacer(model)` binds them on one model instance only.
+
+Pinned to transformers 5.23 (see pyproject.toml): both hooks are private API. If transformers stops calling
+`_get_candidate_generator`, the call warns loudly instead of silently decoding with stock drafting.
+"""
+
+import dataclasses
+import functools
+import inspect
+import time
+import types
+import warnings
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from transformers import GenerationConfig
+from transformers.generation.utils import GenerationMixin
+
+from .candidate_generator import PacerCandidateGenerator
+from .config import PacerHeadConfig
+from .head import PacerHead, check_pair_compatible
+from .stats import PacerStats
+
+# generate() keyword -> PacerHeadConfig field it overrides for one call
+PER_CALL_OVERRIDES = {
+    "pacer_threshold": "threshold",
+    "pacer_block_size": "block_size",
+    "pacer_max_draft": "max_draft",
+    "pacer_score_mode": "score_mode",
+}
+
+_ORIGINAL_GENERATE = GenerationMixin.generate
+_ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
+_GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
+_CANDIDATE_GENERATOR_SIGNATURE = inspect.signature(_ORIGINAL_GET_CANDIDATE_GENERATOR)
+
+
+@dataclass
+class _PacerCall:
+    """What one `generate(..., pacer_head=...)` call asked for."""
+
+    model: Any
+    head: PacerHead
+    config: PacerHeadConfig
+    stats: PacerStats = field(default_factory=PacerStats)
+    used: bool = False
+
+
+_ACTIVE_CALL: ContextVar[_PacerCall | None] = ContextVar("pacer_hf_active_call", default=None)
+
+
+def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
+    """Removes the `pacer_*` kwargs (transformers would reject them) and validates the call they describe."""
+    head = kwargs.pop("pacer_head", None)
+    overrides = {}
+    for name, config_field in PER_CALL_OVERRIDES.items():
+        value = kwargs.pop(name, None)
+        if value is not None:
+            overrides[config_field] = value
+    if head is None:
+        if overrides:
+            names = sorted(n for n, f in PER_CALL_OVERRIDES.items() if f in overrides)
+            raise ValueError(f"{names} were passed to `generate()` without `pacer_head`; pass a `pacer_head` too.")
+        return None
+    if not isinstance(head, PacerHead):
+        raise TypeError(f"`pacer_head` must be a `pacer_hf.PacerHead`, got {type(head).__name__}.")
+    arguments = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
+    extra = arguments.get("kwargs", {})
+    draft = arguments.get("assistant_model")
+    if draft is None:
+        raise ValueError(
+            "`pacer_head` was passed to `generate()` without `assistant_model`: PACER stops the drafts of a draft "
+            "model. Pass `assistant_model=<draft model>` too."
+        )
+    if arguments.get("custom_generate") is not None:
+        raise ValueError("`pacer_head` cannot be combined with `custom_generate`.")
+    generation_config = arguments.get("generation_config") or model.generation_config
+    _check_decoding_mode(generation_config, extra)
+    check_pair_compatible(head.config, draft, model)
+    try:
+        config = dataclasses.replace(head.config, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"Invalid per-call PACER setting: {exc}") from exc
+    return _PacerCall(model=model, head=head, config=config)
+
+
+def _check_decoding_mode(generation_config: GenerationConfig, kwargs: dict) -> None:
+    """PACER replaces the draft-model candidate generator; refuse modes that never use one or use another."""
+
+    def setting(name: str) -> Any:
+        return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
+
+    for name in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if setting(name):
+            raise ValueError(
+                f"`{name}` cannot be combined with `pacer_head`: both choose how candidates are drafted. Drop one."
+            )
+    if (setting("num_beams") or 1) > 1:
+        raise ValueError(
+            f"`pacer_head` works with greedy decoding and sampling, not beam search (got num_beams="
+            f"{setting('num_beams')}). Use num_beams=1."
+        )
+
+
+def _generate(generate_fn: Callable, model: Any, args: tuple, kwargs: dict) -> Any:
+    call = _pop_pacer_call(model, args, kwargs)
+    if call is None:
+        return generate_fn(model, *args, **kwargs)
+    token = _ACTIVE_CALL.set(call)
+    start = time.perf_counter()
+    try:
+        output = generate_fn(model, *args, **kwargs)
+    finally:
+        _ACTIVE_CALL.reset(token)
+    call.stats.total_time_s = time.perf_counter() - start
+    call.head.last_stats = call.stats
+    if not call.used:
+        warnings.warn(
+            "`pacer_head` was passed to `generate()`, but transformers never asked pacer-hf for a candidate "
+            "generator, so this output was decoded WITHOUT PACER. This transformers version is probably not one "
+            "pacer-hf supports (see pyproject.toml); please report it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return output
+
+
+def _get_candidate_generator(original_fn: Callable, model: Any, args: tuple, kwargs: dict) -> Any:
+    call = _ACTIVE_CALL.get()
+    if call is None or call.model is not model:
+        return original_fn(model, *args, **kwargs)
+    # Bind by name: the argument order of this private method changed between transformers releases.
+    arguments = _CANDIDATE_GENERATOR_SIGNATURE.bind(model, *args, **kwargs).arguments
+    call.used = True
+    return PacerCandidateGenerator(
+        input_ids=arguments["input_ids"],
+        assistant_model=arguments["assistant_model"],
+        generation_config=arguments["generation_config"],
+        model_kwargs=arguments["model_kwargs"],
+        inputs_tensor=arguments.get("inputs_tensor"),
+        logits_processor=arguments.get("logits_processor"),
+        pacer_head=call.head,
+        config=call.config,
+        stats=call.stats,
+    )
+
+
+@functools.wraps(_ORIGINAL_GENERATE)
+def _patched_generate(self, *args, **kwargs):
+    return _generate(_ORIGINAL_GENERATE, self, args, kwargs)
+
+
+def _patched_get_candidate_generator(self, *args, **kwargs):
+    return _get_candidate_generator(_ORIGINAL_GET_CANDIDATE_GENERATOR, self, args, kwargs)
+
+
+def patch_transformers() -> None:
+    """Makes every transformers model accept `generate(..., pacer_head=...)`. Idempotent; `import pacer_hf` calls it
+    unless the environment sets `PACER_HF_NO_PATCH=1`. Without `pacer_head`, `generate()` behaves as before."""
+    GenerationMixin.generate = _patched_generate
+    GenerationMixin._get_candidate_generator = _patched_get_candidate_generator
+
+
+def unpatch_transformers() -> None:
+    """Restores transformers' own `generate()` and `_get_candidate_generator()`. Idempotent."""
+    GenerationMixin.generate = _ORIGINAL_GENERATE
+    GenerationMixin._get_candidate_generator = _ORIGINAL_GET_CANDIDATE_GENERATOR
+
+
+def is_transformers_patched() -> bool:
+    return GenerationMixin.generate is _patched_generate
+
+
+def _instance_generate(self, *args, **kwargs):
+    return _generate(type(self).generate, self, args, kwargs)
+
+
+def _instance_get_candidate_generator(self, *args, **kwargs):
+    return _get_candidate_generator(type(self)._get_candidate_generator, self, args, kwargs)
+
+
+def enable_pacer(model: Any) -> Any:
+    """Lets this one model accept `generate(..., pacer_head=...)`, without patching transformers' classes.
+
+    For users who run with `PACER_HF_NO_PATCH=1`. The model's class is untouched (`isinstance`, `save_pretrained`
+    and pickling behave as before); [`disable_pacer`] undoes it. Returns the model.
+    """
+    model.generate = types.MethodType(_instance_generate, model)
+    model._get_candidate_generator = types.MethodType(_instance_get_candidate_generator, model)
+    return model
+
+
+def disable_pacer(model: Any) -> Any:
+    """Undoes [`enable_pacer`] on `model`. Returns the model."""
+    for name in ("generate", "_get_candidate_generator"):
+        model.__dict__.pop(name, None)
+    return model

@@ -1,0 +1,295 @@
+"""`PacerHead`: the pre-verification head, its input features, and the pair check.
+
+Notation used in shapes: B = batch, k = draft positions of the round so far, H = draft hidden size,
+V = vocabulary, F = number of distribution features, D = head width.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from ._version import __version__
+from .config import PacerHeadConfig
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+# Features of the processed draft distribution at a drafted position: log q(drafted token), log q(top-1) and the
+# entropy of q. Their order is part of the saved-head format.
+NUM_DISTRIBUTION_FEATURES = 3
+# log q of a drafted token is floored here: under top-k/top-p processing q can be exactly 0 elsewhere, and the
+# head must never see -inf.
+LOGPROB_FLOOR = -30.0
+# Initial classifier bias: sigmoid(10) = 0.99995, so an untrained head predicts "accept" everywhere and drafting
+# continues to `max_draft` (plain fixed-length drafting) for any threshold below 0.999.
+CONTINUE_LOGIT = 10.0
+
+
+def draft_distribution_features(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cheap features of the processed draft distribution at each drafted position.
+
+    Args:
+        scores (`torch.FloatTensor` of shape `(..., vocab_size)`):
+            Processed draft logits (after the target's logits processors), the distribution a token was drawn from.
+        tokens (`torch.LongTensor` of shape `(...)`):
+            The drafted tokens.
+
+    Returns:
+        `torch.FloatTensor` of shape `(..., 3)`: log q(token), log q(top-1) and the entropy of q, in nats.
+    """
+    logq = scores.float().log_softmax(dim=-1)  # [..., V]
+    token_logq = logq.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).clamp(min=LOGPROB_FLOOR)  # [...]
+    top1_logq = logq.max(dim=-1).values  # [...]
+    q = logq.exp()
+    entropy = -torch.where(q > 0, q * logq, torch.zeros_like(q)).sum(dim=-1)  # [...]; 0·log 0 = 0
+    return torch.stack([token_logq, top1_logq, entropy], dim=-1)
+
+
+class _CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        # q, k, v: [B, heads, k, D / heads]
+        q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, width // self.num_heads).permute(2, 0, 3, 1, 4)
+        # causal: the score of position i may depend only on tokens drafted up to i (stopping-time rule)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(batch, length, width))
+
+
+class PacerHead(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="pacer-hf",
+    paper_url="https://arxiv.org/abs/2602.01274",
+    docs_url="https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding",
+    license="apache-2.0",
+    tags=["speculative-decoding", "pacer"],
+):
+    """PACER pre-verification head (arXiv 2602.01274): predicts, for each drafted token of a round, the log-odds
+    that the target accepts it given that all earlier tokens of the round were accepted.
+
+    Inputs per drafted position: the draft model's post-norm last hidden state (the input of its `lm_head`) and
+    [`draft_distribution_features`] of the processed draft distribution. The reference architecture is one
+    causal self-attention block over the round's positions followed by an MLP; `config.architecture="mlp"` is
+    the per-token ablation. An untrained head predicts "accept" everywhere (see `CONTINUE_LOGIT`).
+
+    Weights are saved as `model.safetensors` next to `config.json` (a [`PacerHeadConfig`]); nothing is pickled.
+
+    Example:
+
+    ```python
+    >>> import pacer_hf
+    >>> from pacer_hf import PacerHead, PacerHeadConfig
+    >>> head = PacerHead(PacerHeadConfig(vocab_size=draft.config.vocab_size, draft_hidden_size=draft.config.hidden_size))
+    >>> head.save_pretrained("my-head")
+    >>> head = PacerHead.from_pretrained("my-head")  # or a Hub id
+    >>> out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=64)
+    >>> head.last_stats  # PacerStats of that call
+    ```
+
+    See also transformers' assisted generation:
+    https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding
+    """
+
+    def __init__(self, config: PacerHeadConfig):
+        super().__init__()
+        if not isinstance(config, PacerHeadConfig):
+            raise TypeError(f"`config` must be a `PacerHeadConfig`, got {type(config).__name__}.")
+        self.config = config
+        width = config.head_hidden_size
+        self.hidden_norm = nn.LayerNorm(config.draft_hidden_size)
+        self.hidden_proj = nn.Linear(config.draft_hidden_size, width)
+        self.feature_proj = nn.Linear(NUM_DISTRIBUTION_FEATURES, width)
+        self.position_embedding = nn.Embedding(config.max_draft, width)
+        if config.architecture == "attention":
+            self.attn_norm = nn.LayerNorm(width)
+            self.attn = _CausalSelfAttention(width, config.num_attention_heads)
+        self.mlp_norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.out_norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, 1)
+        nn.init.zeros_(self.classifier.weight)
+        nn.init.constant_(self.classifier.bias, CONTINUE_LOGIT)
+        self.last_stats = None  # PacerStats of the latest generate() call with this head
+
+    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Acceptance logits for the drafted positions of one round.
+
+        Args:
+            hidden_states (`torch.FloatTensor` of shape `(batch_size, num_draft_tokens, draft_hidden_size)`):
+                The draft's post-norm last hidden state at the position that produced each drafted token.
+            features (`torch.FloatTensor` of shape `(batch_size, num_draft_tokens, 3)`):
+                [`draft_distribution_features`] of each drafted token.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, num_draft_tokens)`: log-odds that the target accepts each
+            token given that the earlier tokens of the round were accepted.
+        """
+        num_draft_tokens = hidden_states.shape[1]
+        positions = torch.arange(num_draft_tokens, device=hidden_states.device).clamp(max=self.config.max_draft - 1)
+        x = self.hidden_proj(self.hidden_norm(hidden_states)) + self.feature_proj(features)  # [B, k, D]
+        x = x + self.position_embedding(positions)
+        if self.config.architecture == "attention":
+            x = x + self.attn(self.attn_norm(x))
+        x = x + self.mlp(self.mlp_norm(x))
+        return self.classifier(self.out_norm(x)).squeeze(-1)  # [B, k]
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- saving and loading -------------------------------------------------------------------------------
+
+    def save_pretrained(
+        self,
+        save_directory: str | Path,
+        *,
+        config: PacerHeadConfig | None = None,
+        repo_id: str | None = None,
+        push_to_hub: bool = False,
+        model_card_kwargs: dict[str, Any] | None = None,
+        **push_to_hub_kwargs,
+    ) -> str | None:
+        """Saves `config.json`, `model.safetensors` and a model card to `save_directory`, atomically per file.
+
+        The mixin writes into a temporary folder next to `save_directory`; each finished file is then moved into
+        place with `os.replace`, weights before config, so a full disk or a kill never leaves a truncated file.
+        """
+        save_directory = Path(save_directory)
+        config = dataclasses.replace(config or self.config, pacer_hf_version=__version__)
+        save_directory.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=save_directory.parent, prefix=f".{save_directory.name}.tmp-") as tmp:
+            super().save_pretrained(tmp, config=config.to_dict(), model_card_kwargs=model_card_kwargs)
+            save_directory.mkdir(exist_ok=True)
+            for name in (WEIGHTS_NAME, CONFIG_NAME):
+                os.replace(os.path.join(tmp, name), save_directory / name)
+            if not (save_directory / "README.md").exists():  # never overwrite a card the user edited
+                os.replace(os.path.join(tmp, "README.md"), save_directory / "README.md")
+        if push_to_hub:
+            return self.push_to_hub(
+                repo_id or save_directory.name, config=config.to_dict(), model_card_kwargs=model_card_kwargs,
+                **push_to_hub_kwargs,
+            )
+        return None
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs) -> "PacerHead":
+        """Loads a head from a local folder or a Hub repo (`config.json` + `model.safetensors`).
+
+        Accepts the keyword arguments of `huggingface_hub.ModelHubMixin.from_pretrained` (`revision`, `cache_dir`,
+        `local_files_only`, `token`, ...) and `map_location`. Raises `ValueError` for a missing, corrupt or
+        mismatching `config.json` or weights file.
+        """
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"The `config.json` of PACER head `{pretrained_model_name_or_path}` is not valid JSON ({exc}). "
+                "Re-download or re-save the head."
+            ) from exc
+
+    @classmethod
+    def _decode_arg(cls, expected_type: Any, value: Any) -> Any:
+        # The mixin decodes dataclass configs by dropping unknown keys silently; ours warns on unknown keys and
+        # names missing ones.
+        if expected_type is PacerHeadConfig:
+            return PacerHeadConfig.from_dict(value)
+        return super()._decode_arg(expected_type, value)
+
+    @classmethod
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        revision: str | None,
+        cache_dir: str | Path | None,
+        force_download: bool,
+        local_files_only: bool,
+        token: str | bool | None,
+        config: PacerHeadConfig | None = None,
+        map_location: str = "cpu",
+    ) -> "PacerHead":
+        if config is None:
+            raise ValueError(
+                f"No `{CONFIG_NAME}` found for PACER head `{model_id}`: a head cannot be loaded without its config."
+            )
+        if os.path.isdir(model_id):
+            weights_file = os.path.join(model_id, WEIGHTS_NAME)
+            if not os.path.isfile(weights_file):
+                raise ValueError(f"No `{WEIGHTS_NAME}` in PACER head folder `{model_id}`.")
+        else:
+            try:
+                weights_file = hf_hub_download(
+                    repo_id=model_id, filename=WEIGHTS_NAME, revision=revision, cache_dir=cache_dir,
+                    force_download=force_download, local_files_only=local_files_only, token=token,
+                )
+            except EntryNotFoundError as exc:
+                raise ValueError(f"No `{WEIGHTS_NAME}` in PACER head repo `{model_id}`.") from exc
+        try:
+            state_dict = load_file(weights_file, device=str(map_location))
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(
+                f"The weights file `{weights_file}` of PACER head `{model_id}` is corrupt or truncated ({exc}). "
+                "Re-download or re-save the head."
+            ) from exc
+        head = cls(config)
+        try:
+            head.load_state_dict(state_dict, strict=True)
+        except RuntimeError as exc:
+            raise ValueError(
+                f"The weights in `{weights_file}` do not match the architecture in its `{CONFIG_NAME}` "
+                f"({config.architecture}, draft_hidden_size={config.draft_hidden_size}, "
+                f"head_hidden_size={config.head_hidden_size}): {exc}"
+            ) from exc
+        return head.to(map_location).eval()
+
+
+def check_pair_compatible(config: PacerHeadConfig, draft_model: nn.Module, target_model: nn.Module) -> None:
+    """Raises `ValueError` unless a head with `config` can run on `draft_model` drafting for `target_model`.
+
+    The single place where pacer-hf decides whether a head, a draft and a target belong together.
+    """
+    for role, model in (("assistant_model", draft_model), ("target model", target_model)):
+        if getattr(model, "config", None) is None or not hasattr(model, "get_output_embeddings"):
+            raise TypeError(f"The {role} must be a transformers `PreTrainedModel`, got {type(model).__name__}.")
+        if model.config.is_encoder_decoder:
+            raise ValueError(
+                f"pacer-hf supports decoder-only models; the {role} `{model.config._name_or_path}` is an "
+                "encoder-decoder model."
+            )
+    draft_name = draft_model.config._name_or_path or type(draft_model).__name__
+    trained_for = f" ({config.draft_name_or_path})" if config.draft_name_or_path else ""
+    fix = "Load the head trained for this pair, or train one with `pacer-hf train`."
+    draft_vocab = draft_model.config.get_text_config().vocab_size
+    target_vocab = target_model.config.get_text_config().vocab_size
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"`assistant_model` has vocabulary size {draft_vocab} but the target has {target_vocab}: pacer-hf needs "
+            "a draft and a target that share one tokenizer (padded vocabularies are not supported yet)."
+        )
+    if draft_vocab != config.vocab_size:
+        raise ValueError(
+            f"`pacer_head` was trained for a draft with vocabulary size {config.vocab_size}{trained_for}, got an "
+            f"`assistant_model` with vocabulary size {draft_vocab} ({draft_name}). {fix}"
+        )
+    draft_hidden = draft_model.get_output_embeddings().weight.shape[1]
+    if draft_hidden != config.draft_hidden_size:
+        raise ValueError(
+            f"`pacer_head` was trained for a draft with hidden size {config.draft_hidden_size}{trained_for}, got an "
+            f"`assistant_model` with hidden size {draft_hidden} ({draft_name}). {fix}"
+        )

@@ -1,0 +1,80 @@
+"""Tiny random draft/target pairs built from configs with fixed seeds: no Hub, seconds on a CPU.
+
+Used by the tests, the demo and the benchmarks' smoke settings. A pair shares one vocabulary; the draft is the
+target itself (`"same"`: every draft token is accepted), a noisy copy of it (`"noisy"`: some are), or an
+independently initialised model (`"independent"`: almost none are).
+"""
+
+import copy
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+TINY_ARCHS = ("llama", "qwen2", "gpt2")
+DRAFT_KINDS = ("same", "noisy", "independent")
+TINY_VOCAB_SIZE = 96
+# A wide initialisation makes random models' logits peaked, so argmax decisions are stable (as in trained models)
+# instead of near-ties that any noise flips.
+_INIT_RANGE = 0.2
+# Relative noise of the "noisy" draft: tuned so that roughly half of its greedy tokens agree with the target's.
+_NOISE_SCALE = 0.05
+
+
+def tiny_model(arch: str, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE, hidden_size: int = 32) -> PreTrainedModel:
+    """A 2-layer causal LM of architecture `arch` (one of `TINY_ARCHS`), float32, eval mode, seeded."""
+    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        config = LlamaConfig(
+            hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=_INIT_RANGE, **common,
+        )
+        cls = LlamaForCausalLM
+    elif arch == "qwen2":
+        config = Qwen2Config(
+            hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=_INIT_RANGE,
+            tie_word_embeddings=False, **common,
+        )
+        cls = Qwen2ForCausalLM
+    elif arch == "gpt2":
+        config = GPT2Config(
+            n_embd=hidden_size, n_layer=2, n_head=4, n_positions=256, initializer_range=_INIT_RANGE, **common
+        )
+        cls = GPT2LMHeadModel
+    else:
+        raise ValueError(f"`arch` must be one of {TINY_ARCHS}, got {arch!r}.")
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    model.config._name_or_path = f"tiny-{arch}-seed{seed}"
+    model.generation_config.pad_token_id = None
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def tiny_pair(
+    arch: str, draft_kind: str = "noisy", seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE
+) -> tuple[PreTrainedModel, PreTrainedModel]:
+    """Returns `(target, draft)` of architecture `arch`; `draft_kind` is one of `DRAFT_KINDS`."""
+    target = tiny_model(arch, seed=seed, vocab_size=vocab_size)
+    if draft_kind == "same":
+        draft = copy.deepcopy(target)
+    elif draft_kind == "noisy":
+        draft = copy.deepcopy(target)
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for param in draft.parameters():
+                param.add_(torch.randn(param.shape, generator=generator) * param.std() * _NOISE_SCALE)
+    elif draft_kind == "independent":
+        draft = tiny_model(arch, seed=seed + 1000, vocab_size=vocab_size)
+    else:
+        raise ValueError(f"`draft_kind` must be one of {DRAFT_KINDS}, got {draft_kind!r}.")
+    draft.config._name_or_path = f"tiny-{arch}-seed{seed}-draft-{draft_kind}"
+    return target, draft

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny models from configs with fixed seeds (no Hub), heads with known behaviour."""
+
+import os
+
+# Set before torch is imported anywhere: OpenMP spin-waits make 2-core machines stall (see the README).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+import torch
+
+import pacer_hf  # noqa: F401  (teaches generate() the pacer_head= argument)
+from pacer_hf import PacerHead, PacerHeadConfig
+
+PROMPT = torch.tensor([[0, 11, 42, 7, 23, 5]])
+HEAD_KINDS = ("always", "never", "random")
+
+
+def make_head(draft, kind: str = "always", block_size: int = 2, max_draft: int = 8, seed: int = 0, **config) -> PacerHead:
+    """A head for `draft`: "always" passes every block (threshold 0), "never" stops after the first block
+    (threshold 1), "random" has random weights and threshold 0.5, so it stops at arbitrary blocks."""
+    threshold = {"always": 0.0, "never": 1.0, "random": 0.5}[kind]
+    torch.manual_seed(seed)
+    head = PacerHead(
+        PacerHeadConfig(
+            vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+            draft_name_or_path=draft.config._name_or_path, block_size=block_size, max_draft=max_draft,
+            threshold=threshold, **config,
+        )
+    )
+    if kind == "random":
+        torch.nn.init.normal_(head.classifier.weight, std=2.0)
+        torch.nn.init.constant_(head.classifier.bias, 1.0)
+    return head.eval()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

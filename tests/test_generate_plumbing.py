@@ -1,0 +1,169 @@
+"""The generate(..., pacer_head=) route: bad input, patch/unpatch, the per-instance route, and the loud warning."""
+
+import warnings
+
+import pytest
+import torch
+from transformers.generation.utils import GenerationMixin
+
+import pacer_hf
+from pacer_hf import generation
+from pacer_hf.tiny_models import tiny_model, tiny_pair
+
+from conftest import PROMPT, make_head
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("llama", "noisy", seed=0)
+
+
+def _generate(target, **kwargs):
+    return target.generate(PROMPT, max_new_tokens=8, do_sample=False, **kwargs)
+
+
+def test_without_pacer_head_generate_is_unchanged(pair):
+    target, draft = pair
+    expected = _generate(target)
+    pacer_hf.unpatch_transformers()
+    try:
+        assert torch.equal(_generate(target, assistant_model=draft), expected)
+        stock = _generate(target)
+    finally:
+        pacer_hf.patch_transformers()
+    assert torch.equal(stock, expected)
+    assert torch.equal(_generate(target, assistant_model=draft), expected)
+
+
+def test_unknown_kwargs_are_still_rejected(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="not used by the model"):
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_typo=1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"assistant_model": None}, ValueError, "without `assistant_model`"),
+        ({"prompt_lookup_num_tokens": 3}, ValueError, "prompt_lookup_num_tokens"),
+        ({"assistant_early_exit": 1}, ValueError, "assistant_early_exit"),
+        ({"num_beams": 2}, ValueError, "beam search"),
+        ({"pacer_threshold": 1.5}, ValueError, "threshold"),
+        ({"pacer_block_size": 0}, ValueError, "block_size"),
+        ({"pacer_max_draft": 1, "pacer_block_size": 2}, ValueError, "max_draft"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(pair, kwargs, error, message):
+    target, draft = pair
+    kwargs = {"assistant_model": draft, **kwargs}
+    with pytest.raises(error, match=message):
+        _generate(target, pacer_head=make_head(draft), **kwargs)
+    assert generation._ACTIVE_CALL.get() is None  # nothing left behind
+
+
+def test_pacer_settings_without_head_raise(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="without `pacer_head`"):
+        _generate(target, assistant_model=draft, pacer_threshold=0.5)
+
+
+def test_pacer_head_must_be_a_head(pair):
+    target, draft = pair
+    with pytest.raises(TypeError, match="PacerHead"):
+        _generate(target, assistant_model=draft, pacer_head=torch.nn.Linear(2, 2))
+
+
+def test_beam_search_from_generation_config_is_refused(pair):
+    target, draft = pair
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match="beam search"):
+        target.generate(
+            PROMPT, generation_config=GenerationConfig(num_beams=3, max_new_tokens=4), assistant_model=draft,
+            pacer_head=make_head(draft),
+        )
+
+
+def test_batch_size_above_one_is_refused(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="only supported for batch_size = 1"):
+        target.generate(PROMPT.repeat(2, 1), assistant_model=draft, pacer_head=make_head(draft), max_new_tokens=4)
+    assert generation._ACTIVE_CALL.get() is None
+
+
+def test_head_for_another_draft_is_refused(pair):
+    target, draft = pair
+    wider_draft = tiny_model("llama", seed=5, hidden_size=64)
+    with pytest.raises(ValueError, match="hidden size 32.*hidden size 64"):
+        _generate(target, assistant_model=wider_draft, pacer_head=make_head(draft))
+    other_vocab = tiny_model("llama", seed=5, vocab_size=128)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        _generate(other_vocab, assistant_model=other_vocab, pacer_head=make_head(draft))
+    head_other_vocab = make_head(tiny_model("llama", seed=5, vocab_size=128))
+    with pytest.raises(ValueError, match="trained for a draft with vocabulary size 128"):
+        _generate(target, assistant_model=draft, pacer_head=head_other_vocab)
+
+
+def test_instance_route_works_without_the_global_patch(pair):
+    target, draft = pair
+    expected = _generate(target)
+    pacer_hf.unpatch_transformers()
+    try:
+        assert not pacer_hf.is_transformers_patched()
+        head = make_head(draft, "random")
+        with pytest.raises(ValueError, match="pacer_head"):  # stock transformers rejects the kwarg
+            _generate(target, assistant_model=draft, pacer_head=head)
+        pacer_hf.enable_pacer(target)
+        assert torch.equal(_generate(target, assistant_model=draft, pacer_head=head), expected)
+        assert head.last_stats.rounds > 0
+        pacer_hf.disable_pacer(target)
+        assert "generate" not in target.__dict__
+        with pytest.raises(ValueError, match="pacer_head"):
+            _generate(target, assistant_model=draft, pacer_head=head)
+    finally:
+        pacer_hf.patch_transformers()
+    assert GenerationMixin.generate is generation._patched_generate
+
+
+def test_loud_warning_when_transformers_never_calls_the_hook(pair, monkeypatch):
+    target, draft = pair
+    # Simulate a transformers release that no longer builds candidate generators through our hook.
+    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", generation._ORIGINAL_GET_CANDIDATE_GENERATOR)
+    with pytest.warns(RuntimeWarning, match="WITHOUT PACER"):
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft))
+
+
+def test_no_warning_on_the_normal_route(pair):
+    target, draft = pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft))
+
+
+def test_stats_are_per_call_and_consistent(pair):
+    target, draft = pair
+    head = make_head(draft, "random", block_size=2, max_draft=8)
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=30, do_sample=False)
+    first = head.last_stats
+    assert first.new_tokens == out.shape[1] - PROMPT.shape[1] == 30
+    assert first.head_calls >= first.head_stops > 0
+    assert sum(first.draft_length_histogram.values()) == first.rounds
+    assert first.draft_time_s > 0 and first.head_time_s > 0 and first.target_time_s > 0
+    assert first.total_time_s >= first.draft_time_s + first.head_time_s
+    target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=5, do_sample=False)
+    assert head.last_stats is not first and head.last_stats.new_tokens == 5
+
+
+def test_import_opt_out_leaves_transformers_untouched():
+    import subprocess
+    import sys
+
+    code = (
+        "import pacer_hf; from transformers.generation.utils import GenerationMixin; "
+        "print(pacer_hf.is_transformers_patched())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PACER_HF_NO_PATCH": "1", "PATH": ""},
+        check=True,
+    )
+    assert result.stdout.strip() == "False"

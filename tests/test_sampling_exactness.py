@@ -1,0 +1,99 @@
+"""Sampling with PACER must keep the target's distribution exactly.
+
+On an 8-token vocabulary the exact joint distribution of the first two sampled tokens is enumerated from the
+target; the empirical distribution of PACER's samples must pass a chi-square test against it, while two broken
+generators (one that drops the block the head rejected, one that returns other logits than the ones it sampled
+from) must fail it. The head used stops based on the drafted token's own probability, the hardest case for
+exactness: a rule that looked at the rejected block's content to drop it would bias the output.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import pacer_hf.generation
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig
+from pacer_hf.tiny_models import tiny_pair
+
+VOCAB = 8
+TEMPERATURE = 0.7
+NUM_SAMPLES = 1200
+PROMPT = torch.tensor([[0, 3, 5, 1]])
+
+
+class _TokenProbabilityHead(PacerHead):
+    """Predicts acceptance iff the drafted token had draft probability > 0.3: stops depend on the drafted token."""
+
+    def forward(self, hidden_states, features):
+        return 20.0 * (features[..., 0] - math.log(0.3))
+
+
+class _DropsFailedBlock(PacerCandidateGenerator):
+    """Broken on purpose: withholds the block the head rejected, so the draft length depends on that block."""
+
+    def _draft_blocks(self, input_ids, max_new_tokens):
+        tokens, scores, stopped = super()._draft_blocks(input_ids, max_new_tokens)
+        if not stopped:
+            return tokens, scores, stopped
+        keep = tokens.shape[1] - self.config.block_size
+        return tokens[:, :keep], (scores[:, :keep] if keep else None), stopped
+
+
+class _ReturnsUnprocessedLogits(PacerCandidateGenerator):
+    """Broken on purpose: returns the logits before temperature, not the distribution the tokens came from."""
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        ids, scores = super().get_candidates(input_ids)
+        return ids, (None if scores is None else scores * TEMPERATURE)
+
+
+@pytest.fixture(scope="module")
+def pair_and_exact_joint():
+    target, draft = tiny_pair("llama", "independent", seed=3, vocab_size=VOCAB)
+    with torch.no_grad():
+        first = (target(PROMPT).logits[0, -1] / TEMPERATURE).double().softmax(-1)  # p(x1)
+        joint = torch.stack(
+            [
+                first[a] * (target(torch.cat([PROMPT, torch.tensor([[a]])], 1)).logits[0, -1] / TEMPERATURE)
+                .double()
+                .softmax(-1)
+                for a in range(VOCAB)
+            ]
+        )  # [V, V]: p(x1, x2)
+    return target, draft, joint.flatten().numpy()
+
+
+def _chi_square_pvalue(target, draft, joint: np.ndarray, monkeypatch, generator_cls) -> float:
+    monkeypatch.setattr(pacer_hf.generation, "PacerCandidateGenerator", generator_cls)
+    head = _TokenProbabilityHead(
+        PacerHeadConfig(vocab_size=VOCAB, draft_hidden_size=32, block_size=1, max_draft=3, threshold=0.5)
+    )
+    torch.manual_seed(1234)
+    counts = np.zeros(VOCAB * VOCAB)
+    stops = 0
+    for _ in range(NUM_SAMPLES):
+        out = target.generate(
+            PROMPT, assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE, top_k=0,
+            max_new_tokens=4,
+        )
+        first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
+        counts[first * VOCAB + second] += 1
+        stops += head.last_stats.head_stops
+    assert stops > NUM_SAMPLES // 10, "the head must stop rounds often for this test to have power"
+    expected = joint / joint.sum() * NUM_SAMPLES
+    dense = expected >= 5  # chi-square needs expected counts >= 5: pool the rare cells into one
+    observed = np.append(counts[dense], counts[~dense].sum())
+    expected = np.append(expected[dense], expected[~dense].sum())
+    return chisquare(observed, expected).pvalue
+
+
+def test_sampling_matches_target_distribution(pair_and_exact_joint, monkeypatch):
+    assert _chi_square_pvalue(*pair_and_exact_joint, monkeypatch, PacerCandidateGenerator) > 1e-3
+
+
+@pytest.mark.parametrize("broken_cls", [_DropsFailedBlock, _ReturnsUnprocessedLogits])
+def test_sampling_test_catches_broken_generator(pair_and_exact_joint, monkeypatch, broken_cls):
+    assert _chi_square_pvalue(*pair_and_exact_joint, monkeypatch, broken_cls) < 1e-5
