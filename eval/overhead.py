@@ -24,6 +24,8 @@ import transformers
 import pacer_hf
 from pacer_hf import PacerHead, PacerHeadConfig
 
+from .run import load_pair
+
 PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "Write a Python function that checks whether a string is a palindrome.",
@@ -32,28 +34,6 @@ PROMPTS = (
     "Give three tips for writing clear commit messages.",
     "class Stack:\n    \"\"\"A minimal LIFO stack.\"\"\"\n\n    def __init__(self):\n",
 )
-
-
-def _load_pair(pair: str, dtype: torch.dtype):
-    """Returns (target, draft, encode) where encode(text) -> input ids [1, L]."""
-    if pair == "tiny":
-        from pacer_hf.tiny_models import tiny_pair
-
-        target, draft = tiny_pair("qwen2", "noisy", seed=0)
-        return target, draft, lambda text: torch.tensor([[0] + [ord(c) % 90 + 2 for c in text[:24]]])
-    from pacer_hf.models import PAIRS, load_model
-
-    draft_name, target_name = PAIRS[pair]
-    target, tokenizer = load_model(target_name, dtype=dtype)
-    draft, _ = load_model(draft_name, dtype=dtype)
-
-    def encode(text: str) -> torch.Tensor:
-        messages = [{"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
-            "input_ids"
-        ]
-
-    return target, draft, encode
 
 
 def _stock(target, draft, ids, k: int, max_new_tokens: int) -> tuple[torch.Tensor, float]:
@@ -74,7 +54,7 @@ def _pacer(target, draft, ids, head: PacerHead, max_new_tokens: int) -> tuple[to
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    target, draft, encode = _load_pair(args.pair, dtype)
+    target, draft, encode, _ = load_pair(args.pair, dtype)
     records = []
     prompts = [encode(p) for p in PROMPTS[: args.num_prompts]]
     for k in args.draft_lengths:

@@ -21,6 +21,7 @@ import os
 
 from ._version import __version__
 from .candidate_generator import PacerCandidateGenerator
+from .collection import CollectionConfig, collect, load_collection
 from .config import PacerHeadConfig
 from .generation import (
     disable_pacer,
@@ -30,22 +31,39 @@ from .generation import (
     unpatch_transformers,
 )
 from .head import PacerHead, check_pair_compatible, draft_distribution_features
+from .hub import push
+from .prompts import Prompt, load_prompt_set
 from .stats import PacerStats
+from .threshold import CostModel, ThresholdReport, choose_threshold, measure_cost_model
+from .training import TrainingConfig, TrainResult, train
 
 if os.environ.get("PACER_HF_NO_PATCH", "").lower() not in ("1", "true", "yes"):
     patch_transformers()
 
 __all__ = [
+    "CollectionConfig",
+    "CostModel",
     "PacerCandidateGenerator",
     "PacerHead",
     "PacerHeadConfig",
     "PacerStats",
+    "Prompt",
+    "ThresholdReport",
+    "TrainResult",
+    "TrainingConfig",
     "__version__",
     "check_pair_compatible",
+    "choose_threshold",
+    "collect",
     "disable_pacer",
     "draft_distribution_features",
     "enable_pacer",
     "is_transformers_patched",
+    "load_collection",
+    "load_prompt_set",
+    "measure_cost_model",
     "patch_transformers",
+    "push",
+    "train",
     "unpatch_transformers",
 ]

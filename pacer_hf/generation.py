@@ -138,7 +138,8 @@ def _get_candidate_generator(original_fn: Callable, model: Any, args: tuple, kwa
     # Bind by name: the argument order of this private method changed between transformers releases.
     arguments = _CANDIDATE_GENERATOR_SIGNATURE.bind(model, *args, **kwargs).arguments
     call.used = True
-    return PacerCandidateGenerator(
+    generator_class = call.head.candidate_generator_class or PacerCandidateGenerator
+    return generator_class(
         input_ids=arguments["input_ids"],
         assistant_model=arguments["assistant_model"],
         generation_config=arguments["generation_config"],

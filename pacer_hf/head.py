@@ -8,12 +8,13 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub import ModelCard, PyTorchModelHubMixin, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -106,6 +107,11 @@ class PacerHead(
     https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding
     """
 
+    # The candidate generator `generate(..., pacer_head=head)` builds; `None` means `PacerCandidateGenerator`. A head
+    # subclass that needs another round loop (the evaluation harness's oracle, a test's deliberately broken
+    # generator) declares it here instead of patching pacer-hf.
+    candidate_generator_class: type | None = None
+
     def __init__(self, config: PacerHeadConfig):
         super().__init__()
         if not isinstance(config, PacerHeadConfig):
@@ -186,6 +192,40 @@ class PacerHead(
                 **push_to_hub_kwargs,
             )
         return None
+
+    def generate_model_card(
+        self,
+        *,
+        card: ModelCard | None = None,
+        repo_id: str | None = None,
+        datasets: Sequence[str] = (),
+        speedups: Mapping[str, float] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> ModelCard:
+        """The head's model card, rendered from pacer-hf's template (`pacer_hf/templates/pacer_head_card.md`).
+
+        Its YAML front matter carries `library_name: pacer-hf`, `base_model: <draft>` with
+        `base_model_relation: adapter` (when the draft is a Hub id), `draft_model`, `target_model`, the tags,
+        `datasets`, the license and, given `speedups`, a `model-index`. Passing an existing `card` updates only its
+        metadata and keeps its text; doing so again changes nothing (idempotent, like PEFT's
+        `create_or_update_model_card`).
+
+        Args:
+            card (`ModelCard`, *optional*): a card to update instead of rendering the template.
+            repo_id (`str`, *optional*): the Hub repo the head goes to, shown in the usage example.
+            datasets (`Sequence[str]`): Hub dataset ids of the training prompts.
+            speedups (`Mapping[str, float]`, *optional*): measured speed-up per prompt set (`pacer-hf bench`).
+            metrics (`Mapping[str, Any]`, *optional*): the `training_metrics.json` of `pacer-hf train`.
+
+        Returns:
+            `huggingface_hub.ModelCard`.
+        """
+        from .hub import build_model_card  # hub.py loads heads, so it is imported here, not at module level
+
+        return build_model_card(
+            self.config, self.num_parameters, self._hub_mixin_info.model_card_data, card=card, repo_id=repo_id,
+            datasets=datasets, speedups=speedups, metrics=metrics,
+        )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs) -> "PacerHead":

@@ -14,7 +14,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import pacer_hf.generation
 from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig
 from pacer_hf.tiny_models import tiny_pair
 
@@ -66,11 +65,11 @@ def pair_and_exact_joint():
     return target, draft, joint.flatten().numpy()
 
 
-def _chi_square_pvalue(target, draft, joint: np.ndarray, monkeypatch, generator_cls) -> float:
-    monkeypatch.setattr(pacer_hf.generation, "PacerCandidateGenerator", generator_cls)
+def _chi_square_pvalue(target, draft, joint: np.ndarray, generator_cls) -> float:
     head = _TokenProbabilityHead(
         PacerHeadConfig(vocab_size=VOCAB, draft_hidden_size=32, block_size=1, max_draft=3, threshold=0.5)
     )
+    head.candidate_generator_class = generator_cls
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
     stops = 0
@@ -90,10 +89,10 @@ def _chi_square_pvalue(target, draft, joint: np.ndarray, monkeypatch, generator_
     return chisquare(observed, expected).pvalue
 
 
-def test_sampling_matches_target_distribution(pair_and_exact_joint, monkeypatch):
-    assert _chi_square_pvalue(*pair_and_exact_joint, monkeypatch, PacerCandidateGenerator) > 1e-3
+def test_sampling_matches_target_distribution(pair_and_exact_joint):
+    assert _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator) > 1e-3
 
 
 @pytest.mark.parametrize("broken_cls", [_DropsFailedBlock, _ReturnsUnprocessedLogits])
-def test_sampling_test_catches_broken_generator(pair_and_exact_joint, monkeypatch, broken_cls):
-    assert _chi_square_pvalue(*pair_and_exact_joint, monkeypatch, broken_cls) < 1e-5
+def test_sampling_test_catches_broken_generator(pair_and_exact_joint, broken_cls):
+    assert _chi_square_pvalue(*pair_and_exact_joint, broken_cls) < 1e-5

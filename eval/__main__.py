@@ -1,0 +1,5 @@
+"""`python -m eval ...` is `pacer-hf bench ...`."""
+
+from .run import main
+
+main()

@@ -1,0 +1,293 @@
+"""The decoding methods the harness compares: one function each, one `RunRecord` contract (as Spec-Bench's
+`forward_func`).
+
+Every method decodes one prompt with the same target, the same generation settings and batch size 1, and is
+measured the same way: wall time with `time.perf_counter`, new tokens counted from ids, and target calls / draft
+forwards counted by forward pre-hooks on the two models (a documented torch API, so no method is patched).
+A round's draft length is the number of draft forwards between two target forwards: transformers' stock drafting
+and pacer-hf's loop both spend exactly one draft forward per drafted token.
+"""
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig
+
+# The cap of every adaptive method's draft length (oracle, entropy stop, heuristic start stays transformers').
+MAX_DRAFT = 16
+
+
+@dataclass
+class RunRecord:
+    """What one method did on one prompt.
+
+    Args:
+        method (`str`): registered method name.
+        tokens (`list[int]`): the new token ids (prompt excluded).
+        wall_s (`float`): seconds in `generate()`, minus `excluded_s`.
+        target_calls (`int`): target forwards (the prefill included).
+        draft_forwards (`int`): draft forwards.
+        draft_lengths (`list[int]`): draft forwards of each round (empty for autoregressive decoding).
+        excluded_s (`float`): untimed work inside `generate()` (the oracle's probes), already subtracted.
+    """
+
+    method: str
+    tokens: list[int]
+    wall_s: float
+    target_calls: int
+    draft_forwards: int
+    draft_lengths: list[int] = field(default_factory=list)
+    excluded_s: float = 0.0
+
+
+@dataclass
+class Pair:
+    """The models a benchmark runs, and its decoding settings.
+
+    Args:
+        target, draft: the models (same vocabulary).
+        head (`PacerHead`, *optional*): the head of the `pacer` method.
+        max_new_tokens (`int`): new tokens per prompt.
+        do_sample (`bool`): greedy (`False`) or sampling at temperature 1 with no truncation (`True`).
+        entropy_threshold (`float`): entropy (nats) above which the `entropy` method stops drafting.
+        fixed_draft_lengths (`tuple[int, ...]`): the k of the `fixed-k` methods.
+    """
+
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    head: PacerHead | None = None
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    entropy_threshold: float = 1.0
+    fixed_draft_lengths: tuple[int, ...] = (2, 4, 6, 8)
+
+    def generation_kwargs(self) -> dict:
+        sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
+        return {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample, **sampling}
+
+
+class _ForwardLog:
+    """Records the order of target ("T") and draft ("D") forwards through forward pre-hooks."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module):
+        self.events: list[str] = []
+        self.paused = False
+        self._handles = [
+            target.register_forward_pre_hook(lambda *_: self._record("T")),
+            draft.register_forward_pre_hook(lambda *_: self._record("D")),
+        ]
+
+    def _record(self, event: str) -> None:
+        if not self.paused:
+            self.events.append(event)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def draft_lengths(self) -> list[int]:
+        """Draft forwards before each target forward, for the rounds of an assisted run."""
+        lengths, run = [], 0
+        for event in self.events:
+            if event == "D":
+                run += 1
+            else:
+                lengths.append(run)
+                run = 0
+        return lengths
+
+
+@contextlib.contextmanager
+def _draft_generation_config(draft: torch.nn.Module, **values) -> Iterator[None]:
+    """Transformers reads its drafting settings from the draft's `generation_config` (and the `heuristic` schedule
+    writes back into it): set them for one run and restore them after."""
+    saved = {name: getattr(draft.generation_config, name) for name in values}
+    for name, value in values.items():
+        setattr(draft.generation_config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(draft.generation_config, name, value)
+
+
+def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None = None, **generate_kwargs) -> RunRecord:
+    log = log if log is not None else _ForwardLog(pair.target, pair.draft)
+    try:
+        start = time.perf_counter()
+        out = pair.target.generate(ids, **pair.generation_kwargs(), **generate_kwargs)
+        wall = time.perf_counter() - start
+    finally:
+        log.remove()
+    return RunRecord(
+        method=method,
+        tokens=out[0, ids.shape[1]:].tolist(),
+        wall_s=wall,
+        target_calls=log.events.count("T"),
+        draft_forwards=log.events.count("D"),
+        draft_lengths=log.draft_lengths() if "assistant_model" in generate_kwargs else [],
+    )
+
+
+def autoregressive(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    return _timed(pair, "autoregressive", ids)
+
+
+def fixed(k: int) -> Callable[[Pair, torch.Tensor], RunRecord]:
+    """transformers' stock drafting of exactly k tokens per round (confidence stop and its ROC re-fit off)."""
+
+    def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
+        with _draft_generation_config(
+            pair.draft, num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        ):
+            return _timed(pair, f"fixed-k{k}", ids, assistant_model=pair.draft)
+
+    return run
+
+
+def heuristic(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    """transformers' `heuristic` schedule (+2 after a fully accepted round, -1 otherwise) from 5 tokens, no
+    confidence stop; reset for every prompt because transformers persists the schedule into the draft's config."""
+    with _draft_generation_config(
+        pair.draft, num_assistant_tokens=5, num_assistant_tokens_schedule="heuristic",
+        assistant_confidence_threshold=0.0,
+    ):
+        return _timed(pair, "heuristic", ids, assistant_model=pair.draft)
+
+
+def confidence(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    """transformers' defaults: up to 20 tokens, stop when the draft's token probability < 0.4, threshold re-fitted
+    online from an ROC curve (needs scikit-learn)."""
+    with _draft_generation_config(
+        pair.draft, num_assistant_tokens=20, num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.4,
+    ):
+        return _timed(pair, "confidence", ids, assistant_model=pair.draft)
+
+
+class EntropyStopHead(PacerHead):
+    """Training-free entropy stop (AdaEDL/SVIP style) expressed as a rule head: after every drafted token, stop when
+    the draft distribution's entropy exceeds `entropy_threshold` nats. Runs in pacer-hf's draft loop."""
+
+    def __init__(self, config: PacerHeadConfig, entropy_threshold: float = 1.0):
+        super().__init__(config)
+        self.entropy_threshold = entropy_threshold
+
+    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return 50.0 * (self.entropy_threshold - features[..., 2])  # features[..., 2]: entropy of q
+
+
+def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
+    draft = pair.draft
+    return PacerHeadConfig(
+        vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+        **{"block_size": 1, "max_draft": MAX_DRAFT, "threshold": 0.5, "score_mode": "block", **overrides},
+    )
+
+
+def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    head = EntropyStopHead(_rule_head_config(pair), pair.entropy_threshold)
+    return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head)
+
+
+def pacer(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    if pair.head is None:
+        raise ValueError("The `pacer` method needs a head: pass `--head` (a folder or Hub id).")
+    return _timed(pair, "pacer", ids, assistant_model=pair.draft, pacer_head=pair.head)
+
+
+class OracleCandidateGenerator(PacerCandidateGenerator):
+    """Drafts exactly the tokens the target will accept: the ceiling of any stopping rule with this draft.
+
+    Each round first probes, untimed and uncounted: it drafts up to the cap, runs the target on those tokens with
+    the target's own cache (rolled back afterwards) and applies the target's logits processors, as the real verify
+    does, to learn the accepted length a. Then it drafts exactly a tokens for real. Greedy only. Exact in float32;
+    in bfloat16 the probe's and the verify's batch shapes differ, so a near-tie can rarely flip.
+    """
+
+    requires_model_outputs = True  # gives get_candidates the target's model_kwargs, hence its cache
+    model_kwargs_overrides: dict = {}
+
+    def get_candidates(self, input_ids, *args, model_kwargs=None, **kwargs):
+        if self.do_sample:
+            raise ValueError("The oracle stop is defined for greedy decoding only.")
+        start = time.perf_counter()
+        with self.head.forward_log.pause():
+            accepted = self._probe_accepted_length(input_ids.to(self.assistant_model.device), model_kwargs)
+        self.head.probe_time_s += time.perf_counter() - start
+        if accepted == 0:
+            self.stats.draft_lengths.append(0)
+            self._round_end = time.perf_counter()
+            return input_ids, None
+        self._sync_cache(input_ids)
+        tokens, scores, _ = self._draft_blocks(input_ids, accepted)
+        self.stats.draft_lengths.append(tokens.shape[1])
+        self._round_end = time.perf_counter()
+        return torch.cat([input_ids, tokens], dim=-1), scores
+
+    def _probe_accepted_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+        max_new_tokens = min(self.config.max_draft, self.main_model_max_length - input_ids.shape[1] - 1)
+        if max_new_tokens <= 0:
+            return 0
+        self._sync_cache(input_ids)
+        tokens, _, _ = self._draft_blocks(input_ids, max_new_tokens)  # block_size = max_draft: no head call
+        sequence = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
+        cache = model_kwargs["past_key_values"]
+        num_cached = cache.get_seq_length()
+        target = self.head.target
+        logits = target(input_ids=sequence[:, num_cached:], past_key_values=cache, use_cache=True).logits
+        cache.crop(-(sequence.shape[1] - num_cached))  # roll the target back exactly
+        logits = logits[:, -(tokens.shape[1] + 1):-1].float()  # [1, k, V]: target logits at each draft position
+        length = input_ids.shape[1]
+        for i in range(tokens.shape[1]):
+            scores = self._processors(sequence[:, : length + i], logits[:, i])
+            if scores.argmax(-1).item() != tokens[0, i].item():
+                return i
+        return tokens.shape[1]
+
+
+class OracleHead(PacerHead):
+    """Carries the oracle's generator, the target it probes, the forward log its probes must not count, and the
+    probe time to exclude from the wall time."""
+
+    candidate_generator_class = OracleCandidateGenerator
+
+    def __init__(self, config: PacerHeadConfig, target: torch.nn.Module, forward_log: _ForwardLog):
+        super().__init__(config)
+        self.target = target
+        self.forward_log = forward_log
+        self.probe_time_s = 0.0
+
+
+def oracle(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    log = _ForwardLog(pair.target, pair.draft)
+    head = OracleHead(_rule_head_config(pair, block_size=MAX_DRAFT, threshold=0.0), pair.target, log)
+    record = _timed(pair, "oracle", ids, log=log, assistant_model=pair.draft, pacer_head=head)
+    record.wall_s -= head.probe_time_s
+    record.excluded_s = head.probe_time_s
+    return record
+
+
+def registry(pair: Pair) -> dict[str, Callable[[Pair, torch.Tensor], RunRecord]]:
+    """All methods by name, in the order reports list them."""
+    methods = {"autoregressive": autoregressive}
+    methods.update({f"fixed-k{k}": fixed(k) for k in pair.fixed_draft_lengths})
+    methods.update({"heuristic": heuristic, "confidence": confidence, "entropy": entropy})
+    if pair.head is not None:
+        methods["pacer"] = pacer
+    if not pair.do_sample:
+        methods["oracle"] = oracle
+    return methods

@@ -1,0 +1,150 @@
+"""Derives every figure from the raw records of `eval.run`: JSON summary, Markdown table, plots.
+
+    python -m eval.report eval/results/run.jsonl
+
+Per method and prompt set: new tokens/s (mean and median over prompts), speed-up over autoregressive decoding
+(ratio of the mean tokens/s, Spec-Bench's convention, and the median of per-prompt ratios), tokens per target call
+(tau), draft forwards per accepted draft token, target calls and draft forwards, in greedy mode the number of
+prompts whose token ids equal the autoregressive ones (a length mismatch is a mismatch), and HumanEval pass@1.
+"""
+
+import argparse
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from .quality import humaneval_pass_at_1
+
+
+def load_records(path: Path) -> tuple[dict, list[dict]]:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines or "environment" not in lines[0]:
+        raise ValueError(f"`{path}` is not a records file written by `eval.run` (no environment line first).")
+    return lines[0]["environment"], lines[1:]
+
+
+def summarize(environment: dict, records: list[dict], quality: bool = True) -> dict:
+    by_key: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for record in records:
+        by_key[(record["set"], record["method"])].append(record)
+    reference = {(r["set"], r["prompt_id"]): r["tokens"] for r in records if r["method"] == "autoregressive"}
+    greedy = environment["mode"] == "greedy"
+    summary: dict[str, dict[str, dict]] = defaultdict(dict)
+    order = {method: index for index, method in enumerate(environment["methods"])}
+    for (set_name, method), rows in sorted(by_key.items(), key=lambda item: (item[0][0], order[item[0][1]])):
+        rates = [len(r["tokens"]) / r["wall_s"] for r in rows]
+        new_tokens = sum(len(r["tokens"]) for r in rows)
+        target_calls = sum(r["target_calls"] for r in rows)
+        draft_forwards = sum(r["draft_forwards"] for r in rows)
+        accepted = new_tokens - target_calls  # each target call adds one token of its own
+        entry = {
+            "prompts": len(rows),
+            "tokens_per_s_mean": statistics.mean(rates),
+            "tokens_per_s_median": statistics.median(rates),
+            "tau": new_tokens / target_calls,
+            "drafted_per_accepted": draft_forwards / accepted if accepted > 0 else None,
+            "target_calls": target_calls,
+            "draft_forwards": draft_forwards,
+            "draft_length_histogram": dict(sorted(Counter(n for r in rows for n in r["draft_lengths"]).items())),
+        }
+        if greedy:
+            entry["equal_to_autoregressive"] = sum(r["tokens"] == reference.get((set_name, r["prompt_id"])) for r in rows)
+        if quality and set_name == "humaneval" and "text" in rows[0]:
+            entry["pass@1"] = humaneval_pass_at_1([r["text"] for r in rows], [r["meta"] for r in rows])["pass@1"]
+        summary[set_name][method] = entry
+    for set_name, methods in summary.items():
+        base = methods["autoregressive"]
+        base_rates = {r["prompt_id"]: len(r["tokens"]) / r["wall_s"]
+                      for r in by_key[(set_name, "autoregressive")]}
+        for method, entry in methods.items():
+            entry["speedup"] = entry["tokens_per_s_mean"] / base["tokens_per_s_mean"]
+            entry["speedup_median"] = statistics.median(
+                len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
+            )
+    return {"environment": environment, "summary": summary}
+
+
+def markdown_table(result: dict) -> str:
+    env = result["environment"]
+    lines = [
+        f"Pair `{env['pair']}`, {env['dtype']}, {env['mode']}, {env['max_new_tokens']} new tokens, "
+        f"{env['threads']} threads, transformers {env['transformers']}, torch {env['torch']}",
+        "",
+        "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | drafted/accepted | "
+        "equal to AR | pass@1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for set_name, methods in result["summary"].items():
+        for method, e in methods.items():
+            drafted = f"{e['drafted_per_accepted']:.2f}" if e["drafted_per_accepted"] is not None else "-"
+            equal = f"{e['equal_to_autoregressive']}/{e['prompts']}" if "equal_to_autoregressive" in e else "-"
+            quality = f"{e['pass@1']:.2f}" if "pass@1" in e else "-"
+            lines.append(
+                f"| {set_name} | {method} | {e['tokens_per_s_mean']:.2f} | {e['speedup']:.2f}x | "
+                f"{e['speedup_median']:.2f}x | {e['tau']:.2f} | {drafted} | {equal} | {quality} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    sets = list(result["summary"])
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 3.8), squeeze=False)
+    for ax, set_name in zip(axes[0], sets):
+        methods = result["summary"][set_name]
+        ax.bar(list(methods), [m["speedup"] for m in methods.values()], color="tab:blue")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_title(f"{set_name}: speed-up over autoregressive")
+        ax.tick_params(axis="x", rotation=60)
+    fig.tight_layout()
+    paths.append(out.with_name(out.name + "-speedup.png"))
+    fig.savefig(paths[-1], dpi=120)
+
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 3.8), squeeze=False)
+    for ax, set_name in zip(axes[0], sets):
+        for method, entry in result["summary"][set_name].items():
+            histogram = entry["draft_length_histogram"]
+            if not histogram:
+                continue
+            total = sum(histogram.values())
+            lengths = sorted(histogram, key=int)  # JSON keys are strings
+            ax.plot([int(k) for k in lengths], [histogram[k] / total for k in lengths],
+                    marker="o", lw=2.5 if method == "oracle" else 1, label=method)
+        ax.set_title(f"{set_name}: draft length per round")
+        ax.set_xlabel("draft tokens")
+        ax.set_ylabel("fraction of rounds")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out.with_name(out.name + "-draft-lengths.png"))
+    fig.savefig(paths[-1], dpi=120)
+    return paths
+
+
+def write_report(records_path: Path, out: Path | None = None, quality: bool = True) -> dict:
+    environment, records = load_records(records_path)
+    result = json.loads(json.dumps(summarize(environment, records, quality)))  # JSON keys, as a reader sees them
+    out = out or records_path.with_suffix("")
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    table = markdown_table(result)
+    out.with_suffix(".md").write_text(table)
+    plot(result, out)
+    print(table)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("records", type=Path)
+    parser.add_argument("--no-quality", action="store_true", help="skip running HumanEval tests")
+    args = parser.parse_args()
+    write_report(args.records, quality=not args.no_quality)
+
+
+if __name__ == "__main__":
+    main()

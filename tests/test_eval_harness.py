@@ -1,0 +1,92 @@
+"""The evaluation harness on tiny models: same greedy output from every method, metrics computed right on a
+hand-checked case, the oracle never drafts a token the target rejects, prompt sets and pass@1 offline."""
+
+import pytest
+import torch
+
+from eval.methods import OracleHead, Pair, _ForwardLog, _rule_head_config, registry
+from eval.report import markdown_table, summarize
+from pacer_hf.tiny_models import tiny_pair
+
+from conftest import PROMPT, make_head
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    return Pair(target, draft, make_head(draft, "random"), max_new_tokens=30, entropy_threshold=2.0)
+
+
+def test_every_method_gives_the_autoregressive_greedy_output(pair):
+    records = {name: method(pair, PROMPT) for name, method in registry(pair).items()}
+    assert set(records) >= {"autoregressive", "fixed-k4", "heuristic", "confidence", "entropy", "pacer", "oracle"}
+    reference = records["autoregressive"].tokens
+    assert len(reference) == 30
+    for name, record in records.items():
+        assert record.tokens == reference, name
+        assert record.wall_s > 0
+    assert records["autoregressive"].target_calls == 30 and records["autoregressive"].draft_forwards == 0
+    assert set(records["fixed-k4"].draft_lengths[:-3]) == {4}
+    assert sum(records["fixed-k4"].draft_lengths) == records["fixed-k4"].draft_forwards
+
+
+def test_drafting_settings_are_restored_after_each_method(pair):
+    config = pair.draft.generation_config
+    before = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
+    for method in registry(pair).values():
+        method(pair, PROMPT)
+    assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
+            config.assistant_confidence_threshold) == before
+
+
+def test_oracle_never_drafts_past_a_rejection(pair):
+    for draft_kind in ("noisy", "independent"):
+        target, draft = tiny_pair("qwen2", draft_kind, seed=1)
+        oracle_pair = Pair(target, draft, max_new_tokens=40)
+        log = _ForwardLog(target, draft)
+        head = OracleHead(_rule_head_config(oracle_pair, block_size=16, max_draft=16, threshold=0.0), target, log)
+        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=40, do_sample=False)
+        log.remove()
+        assert torch.equal(out, target.generate(PROMPT, max_new_tokens=40, do_sample=False))
+        stats = head.last_stats
+        assert stats.accepted_lengths == stats.draft_lengths  # every drafted token accepted
+        assert head.probe_time_s > 0
+        assert log.events.count("T") == stats.rounds  # probes are not counted as target calls
+
+
+def test_metrics_on_a_hand_checked_case():
+    environment = {"mode": "greedy", "methods": ["autoregressive", "fast"], "pair": "p", "dtype": "float32",
+                   "max_new_tokens": 10, "threads": 2, "transformers": "x", "torch": "y"}
+    tokens = list(range(10))
+    records = [
+        {"set": "s", "prompt_id": "a", "method": "autoregressive", "tokens": tokens, "wall_s": 1.0,
+         "target_calls": 10, "draft_forwards": 0, "draft_lengths": []},
+        {"set": "s", "prompt_id": "a", "method": "fast", "tokens": tokens, "wall_s": 0.5,
+         "target_calls": 4, "draft_forwards": 9, "draft_lengths": [3, 3, 2, 1]},
+        {"set": "s", "prompt_id": "b", "method": "autoregressive", "tokens": tokens, "wall_s": 2.0,
+         "target_calls": 10, "draft_forwards": 0, "draft_lengths": []},
+        {"set": "s", "prompt_id": "b", "method": "fast", "tokens": tokens[:9], "wall_s": 0.9,
+         "target_calls": 5, "draft_forwards": 8, "draft_lengths": [2, 2, 2, 2, 0]},
+    ]
+    summary = summarize(environment, records, quality=False)["summary"]["s"]
+    fast = summary["fast"]
+    assert fast["tokens_per_s_mean"] == pytest.approx((20 + 10) / 2)
+    assert fast["speedup"] == pytest.approx(15 / 7.5)  # AR: mean of 10 and 5 tokens/s
+    assert fast["speedup_median"] == pytest.approx((2.0 + 2.0) / 2)
+    assert fast["tau"] == pytest.approx(19 / 9)
+    assert fast["drafted_per_accepted"] == pytest.approx(17 / (19 - 9))
+    assert fast["equal_to_autoregressive"] == 1  # prompt b is one token short: a mismatch
+    assert fast["draft_length_histogram"] == {0: 1, 1: 1, 2: 5, 3: 2}
+    table = markdown_table({"environment": environment, "summary": {"s": summary}})
+    assert "| s | fast | 15.00 | 2.00x | 2.00x | 2.11 | 1.70 | 1/2 | - |" in table
+
+
+def test_humaneval_pass_at_1_runs_tests_in_a_subprocess():
+    from eval.quality import humaneval_pass_at_1
+
+    meta = {"prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"}
+    result = humaneval_pass_at_1(
+        ["```python\ndef add(a, b):\n    return a + b\n```", "    return a - b\n", "def add(a, b):\n    while True: pass"],
+        [meta, meta, meta],
+    )
+    assert result["passed"] == [True, False, False]

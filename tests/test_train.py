@@ -1,0 +1,242 @@
+"""Training a head: a learnable synthetic task, kill-and-resume, the expected-speed model, the CLI pipeline."""
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
+from pacer_hf import PacerHead, PacerHeadConfig
+from pacer_hf.cli import main
+from pacer_hf.collection import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CollectionConfig, collect, load_collection
+from pacer_hf.collection import _totals, _write_shard, write_json_atomic
+from pacer_hf.threshold import CostModel, choose_threshold, head_draft_lengths, measure_cost_model, simulate_decoding
+from pacer_hf.tiny_models import tiny_pair
+from pacer_hf.training import TrainingConfig, round_starts, train, window_logprobs, _Batcher
+
+HIDDEN = 16
+HEAD = dict(head_hidden_size=32, num_attention_heads=4, block_size=2, max_draft=8)
+FAST = dict(epochs=6, batch_size=32, learning_rate=3e-3)
+COST = CostModel(draft=0.2, head=0.01)
+
+
+def _synthetic_collection(folder, shuffle_labels: bool = False, sequences: int = 40, length: int = 48) -> None:
+    """Acceptance is a function of the hidden state alone (the features are noise): a head that reads the hidden
+    state can learn it; shuffled labels carry nothing to learn."""
+    generator = torch.Generator().manual_seed(0)
+    direction = torch.randn(HIDDEN, generator=generator)
+    records = []
+    for s in range(sequences):
+        hidden = torch.randn(length, HIDDEN, generator=generator)
+        score = hidden @ direction / HIDDEN**0.5 + 0.8  # about 75% accepted
+        soft = torch.sigmoid(4 * score)
+        records.append({
+            "hidden": hidden.to(torch.bfloat16), "features": torch.randn(length, 3, generator=generator),
+            "sampling_features": torch.randn(length, 3, generator=generator),
+            "greedy_label": (score > 0).to(torch.uint8), "soft_label": soft,
+            "token": torch.zeros(length, dtype=torch.long),
+            "prompt_index": torch.tensor([s]), "numerics_mismatches": 0,
+        })
+    if shuffle_labels:
+        labels = torch.cat([r["greedy_label"] for r in records])
+        labels = labels[torch.randperm(labels.shape[0], generator=generator)]
+        for r, chunk in zip(records, labels.split(length)):
+            r["greedy_label"] = chunk
+    folder.mkdir(parents=True)
+    shards = [{**_write_shard(folder / "shard-00000.safetensors", records), "prompts": list(range(sequences)),
+               "skipped": []}]
+    identity = {"name_or_path": "synthetic-draft", "revision": None, "model_type": "llama", "vocab_size": 96,
+                "hidden_size": HIDDEN, "dtype": "float32", "context_length": 256}
+    write_json_atomic(folder / MANIFEST_NAME, {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "pacer_hf_version": "test",
+        "draft": identity, "target": {**identity, "name_or_path": "synthetic-target"}, "hidden_dtype": "bfloat16",
+        "prompt_source": "synthetic", "num_prompts": sequences,
+        "collection": {"max_new_tokens": length, "temperature": 1.0, "batch_size": 1, "shard_size": sequences,
+                       "chat_template": "off", "seed": 0},
+        "prompts_sha256": "synthetic", "shards": shards, "totals": _totals(shards),
+    })
+
+
+def _head_config(**overrides) -> PacerHeadConfig:
+    return PacerHeadConfig(vocab_size=96, draft_hidden_size=HIDDEN, **{**HEAD, **overrides})
+
+
+def test_train_learns_synthetic_acceptance(tmp_path):
+    _synthetic_collection(tmp_path / "data")
+    result = train(tmp_path / "data", tmp_path / "head", cost=COST, head_config=_head_config(),
+                   config=TrainingConfig(**FAST, val_fraction=0.25))
+    assert result.metrics["val"]["auc"] > 0.9
+    assert result.metrics["val"]["ece"] < 0.1  # logit adjustment keeps the weighted head calibrated
+    report = result.metrics["threshold"]
+    # stopping where the head predicts rejections beats always drafting max_draft, and never beats the oracle
+    assert report["fixed_speedups"]["8"] < report["best_speedup"] <= report["oracle_speedup"]
+    saved = PacerHead.from_pretrained(tmp_path / "head")
+    assert saved.config.threshold == report["best_threshold"]
+    assert saved.config.draft_name_or_path == "synthetic-draft"
+    assert saved.config.target_name_or_path == "synthetic-target"
+    assert (saved.config.block_size, saved.config.decoding) == (2, "greedy")
+    assert (tmp_path / "head" / "threshold_curve.png").stat().st_size > 0
+    assert json.loads((tmp_path / "head" / "training_metrics.json").read_text())["val"] == result.metrics["val"]
+
+
+def test_train_cannot_learn_shuffled_labels(tmp_path):
+    _synthetic_collection(tmp_path / "data", shuffle_labels=True)
+    result = train(tmp_path / "data", tmp_path / "head", cost=COST, head_config=_head_config(),
+                   config=TrainingConfig(**FAST, val_fraction=0.25))
+    assert result.metrics["val"]["auc"] < 0.65
+
+
+def test_train_sampling_mode_uses_soft_labels(tmp_path):
+    _synthetic_collection(tmp_path / "data")
+    result = train(tmp_path / "data", tmp_path / "head", cost=COST, head_config=_head_config(decoding="sampling"),
+                   config=TrainingConfig(epochs=2, batch_size=32, val_fraction=0.25))
+    assert result.head.config.decoding == "sampling" and result.head.config.temperature == 1.0
+    assert result.metrics["val"]["auc"] > 0.8  # soft labels of the same hidden-state rule
+
+
+def test_train_resume_after_kill_equals_uninterrupted(tmp_path, monkeypatch):
+    _synthetic_collection(tmp_path / "data", sequences=12, length=32)
+    config = TrainingConfig(epochs=3, batch_size=16, val_fraction=0.25)
+    whole = train(tmp_path / "data", tmp_path / "whole", cost=COST, head_config=_head_config(), config=config)
+
+    train_module = importlib.import_module("pacer_hf.training")
+    steps_per_epoch = whole.metrics["global_step"] // 3
+    calls = {"n": 0}
+    original = train_module._round_loss
+
+    def killed_in_second_epoch(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == steps_per_epoch + 2:
+            raise KeyboardInterrupt("killed")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_round_loss", killed_in_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "data", tmp_path / "resumed", cost=COST, head_config=_head_config(), config=config)
+    monkeypatch.setattr(train_module, "_round_loss", original)
+    with pytest.raises(ValueError, match="already holds a training run; pass `resume=True`"):
+        train(tmp_path / "data", tmp_path / "resumed", cost=COST, head_config=_head_config(), config=config)
+    with pytest.raises(ValueError, match=r"different \['training_config'\]"):
+        train(tmp_path / "data", tmp_path / "resumed", cost=COST, head_config=_head_config(),
+              config=TrainingConfig(epochs=4, batch_size=16, val_fraction=0.25), resume=True)
+
+    resumed = train(tmp_path / "data", tmp_path / "resumed", cost=COST, head_config=_head_config(), config=config,
+                    resume=True)
+    assert resumed.metrics["global_step"] == whole.metrics["global_step"]
+    first = load_file(tmp_path / "whole" / "model.safetensors")
+    second = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    assert resumed.metrics["threshold"] == whole.metrics["threshold"]
+
+
+# ---- the expected-speed model -----------------------------------------------------------------------------------
+
+
+def test_round_starts_follow_always_pass_drafting():
+    labels = np.array([1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0])
+    # rejection at 2 -> next round at 3; 3..6 fully accepted with max_draft 4 -> next at 8 (7 is the target's token)
+    assert round_starts(labels, max_draft=4) == [0, 3, 8, 10]
+
+
+def test_simulation_by_hand():
+    labels = np.array([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    cost = CostModel(draft=0.5)
+    # oracle: round 0 drafts 2 (accepts 2, +1) -> t=3; drafts 4 = cap min(4, 8-3-1) -> t=8: 8 tokens, cost 2 + 3
+    oracle = simulate_decoding(labels, lambda t, cap, m: (m, 0), cost, max_draft=4)
+    assert (oracle.tokens, oracle.cost, oracle.rounds) == (8, 1 + 2 * 0.5 + 1 + 4 * 0.5, 2)
+    # fixed 3: t=0 accepts 2 -> t=3: accepts 3 -> t=7: cap 0 -> 1 token
+    fixed = simulate_decoding(labels, lambda t, cap, m: (min(3, cap), 0), cost, max_draft=4)
+    assert (fixed.tokens, fixed.cost, fixed.rounds) == (8, 3 * (1 + 1.5) - 1.5, 3)
+    # soft labels: one round of one draft token accepted with probability 1/2 -> 1.5 tokens expected
+    soft = simulate_decoding(np.array([0.5, 0.5]), lambda t, cap, m: (min(1, cap), 0), cost, max_draft=4)
+    assert soft.tokens == pytest.approx(2.0) and soft.rounds == pytest.approx(1.5)
+
+
+def test_threshold_zero_equals_fixed_max_draft():
+    rng = np.random.default_rng(0)
+    labels = [(rng.random(30) < 0.7).astype(float) for _ in range(4)]
+    windows = [np.log(rng.uniform(0.05, 1.0, size=(30, 8))) for _ in range(4)]
+    report = choose_threshold(labels, windows, _head_config(), COST, thresholds=(0.0, 0.3, 0.6))
+    assert report.speedups[0] == pytest.approx(report.fixed_speedups[8])
+    assert report.best_threshold in (0.0, 0.3, 0.6)
+    assert report.oracle_speedup >= max(report.speedups)
+
+
+def test_measure_cost_model_on_tiny_models():
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
+    cost = measure_cost_model(draft, target, head, repeats=3)
+    assert 0 < cost.draft < 10 and 0 < cost.head < 10
+
+
+def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    prompts = [[0, 11, 42, 7, 23, 5]]
+    collect(target, draft, prompts, tmp_path, config=CollectionConfig(max_new_tokens=48))
+    collection = load_collection(tmp_path)
+    torch.manual_seed(0)
+    head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8, threshold=0.4))
+    torch.nn.init.normal_(head.classifier.weight, std=2.0)  # a head that stops some rounds, not all
+    torch.nn.init.constant_(head.classifier.bias, 1.0)
+    head.eval()
+    target.generate(torch.tensor(prompts), assistant_model=draft, pacer_head=head, max_new_tokens=48, do_sample=False)
+    stats = head.last_stats
+    span = collection.sequence_slices()[0]
+    draft_length, head_calls = head_draft_lengths(window_logprobs(head, _Batcher(collection, head.config), span),
+                                                  head.config.threshold, head.config)
+    start = 0
+    for drafted, accepted in zip(stats.draft_lengths, stats.accepted_lengths):
+        assert drafted == draft_length[start], f"round at {start}"
+        start += accepted + 1
+    assert 0 < stats.head_stops < stats.rounds
+    labels = collection.greedy_label[span].double().numpy()
+    simulated = simulate_decoding(labels, lambda t, cap, m: (int(draft_length[t]), int(head_calls[t])), COST, 8)
+    assert (simulated.rounds, simulated.drafted) == (stats.rounds, stats.drafted_tokens)
+    assert simulated.tokens == stats.new_tokens
+
+
+# ---- the command line, end to end -------------------------------------------------------------------------------
+
+
+def _save_tiny_pair_with_tokenizer(folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, **{f"w{i}": i for i in range(1, 96)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="w1")
+    target, draft = tiny_pair("llama", "noisy", seed=0)  # for llama, AutoTokenizer keeps this word-level tokenizer
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+
+
+def test_cli_collect_train_push_pipeline(tmp_path, capsys):
+    _save_tiny_pair_with_tokenizer(tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(" ".join(f"w{(7 * i + j) % 95 + 1}" for j in range(6)) for i in range(8)) + "\n")
+    common = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", str(prompts),
+              "--output-dir", str(tmp_path / "data"), "--dtype", "float32", "--max-new-tokens", "24"]
+    assert main(["collect", *common, "--chat-template", "off"]) == 0
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["totals"]["sequences"] == 8 and manifest["prompt_source"] == str(prompts)
+    assert main(["collect", *common, "--chat-template", "on"]) == 1  # no chat template: a clear error, exit 1
+    assert "has no chat template" in capsys.readouterr().err
+
+    assert main(["train", str(tmp_path / "data"), str(tmp_path / "head"), "--cost-ratio", "0.3", "--epochs", "2",
+                 "--block-size", "2", "--max-draft", "8", "--head-hidden-size", "32", "--val-fraction", "0.25"]) == 0
+    head = PacerHead.from_pretrained(tmp_path / "head")
+    assert head.config.target_name_or_path == str(tmp_path / "target") and head.config.block_size == 2
+    assert main(["train", str(tmp_path / "data"), str(tmp_path / "head"), "--cost-ratio", "0.3"]) == 1
+    assert "already holds a training run" in capsys.readouterr().err
+
+    assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--dry-run", "--speedup", "humaneval=1.25"]) == 0
+    out = capsys.readouterr()
+    assert "library_name: pacer-hf" in out.out and "value: 1.25" in out.out
+    assert "model.safetensors" in out.err and "README.md" in out.err
