@@ -273,7 +273,7 @@ def plot_threshold_curve(report: ThresholdReport, path: str | Path) -> None:
 # ---- the cost model, measured ------------------------------------------------------------------------------------
 
 
-def _median_forward_s(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, repeats: int) -> float:
+def median_forward_seconds(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, repeats: int) -> float:
     """Median time of a `new_tokens`-token forward on top of a KV cache of `BENCHMARK_CONTEXT` tokens."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -300,8 +300,8 @@ def measure_cost_model(
     config = head.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(config.vocab_size, (1, BENCHMARK_CONTEXT + config.block_size + 1), generator=generator)
-    draft_s = _median_forward_s(draft, ids.to(draft.device), 1, repeats)
-    target_s = _median_forward_s(target, ids.to(target.device), config.block_size + 1, repeats)
+    draft_s = median_forward_seconds(draft, ids.to(draft.device), 1, repeats)
+    target_s = median_forward_seconds(target, ids.to(target.device), config.block_size + 1, repeats)
     param = next(head.parameters())
     positions = max(config.max_draft // 2, 1)  # the head scores the whole round so far: on average half of W
     hidden = torch.randn(1, positions, config.draft_hidden_size, generator=generator).to(param)  # [1, k, H]

@@ -1,0 +1,88 @@
+"""What a forward costs for each model of a pair on this machine: the numbers that decide whether drafting pays.
+
+    OMP_WAIT_POLICY=PASSIVE python -m eval.costs --pair qwen2.5-coder --dtype bfloat16 --out eval/results/costs-qwen-bf16
+
+Reports load time and peak memory, autoregressive tokens/s of each model alone, the median time of a k-token
+forward on a KV cache of 200 tokens (k = 1..9), the cost ratio c = draft forward / target forward at 1 token, and
+the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). JSON + Markdown table.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from pacer_hf.models import PAIRS, load_model
+from pacer_hf.threshold import BENCHMARK_CONTEXT, median_forward_seconds
+
+# A typical code request: the autoregressive timing needs a realistic prompt, not random ids.
+PROMPT_FOR_TIMING = "Write a Python function that returns the n-th prime number, with a docstring."
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="qwen2.5-coder", choices=sorted(PAIRS))
+    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--max-k", type=int, default=9)
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the autoregressive timing")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("eval/results/costs"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    result = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,
+                              "dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": platform.machine(),
+                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "context": BENCHMARK_CONTEXT}}
+    models = {}
+    for role, name in zip(("draft", "target"), PAIRS[args.pair]):
+        start = time.perf_counter()
+        model, tokenizer = load_model(name, dtype=dtype)
+        entry = {"name": name, "load_s": time.perf_counter() - start, "peak_rss_gib": _peak_rss_gib()}
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT_FOR_TIMING}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+        entry["autoregressive_tokens_per_s"] = (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
+        random_ids = torch.randint(model.config.vocab_size, (1, BENCHMARK_CONTEXT + args.max_k),
+                                   generator=torch.Generator().manual_seed(0))
+        entry["forward_ms"] = {k: 1000 * median_forward_seconds(model, random_ids, k, repeats=10)
+                               for k in range(1, args.max_k + 1)}
+        models[role] = entry
+        print(role, json.dumps(entry))
+        del model  # one model in memory at a time: the peak RSS of each is then its own
+    result["models"] = models
+    target_ms, draft_ms = models["target"]["forward_ms"], models["draft"]["forward_ms"]
+    result["cost_ratio_c"] = draft_ms[1] / target_ms[1]
+    result["target_verify_ratio"] = {k: target_ms[k + 1] / target_ms[1] for k in range(1, args.max_k)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    lines = [
+        f"Pair `{args.pair}`, {args.dtype}, {torch.get_num_threads()} threads, KV cache of {BENCHMARK_CONTEXT} tokens",
+        "",
+        "| model | load s | peak RSS GiB | AR tokens/s | fwd1 ms | " + " | ".join(f"fwd{k} ms" for k in (2, 3, 5, 9)
+                                                                            if k <= args.max_k) + " |",
+        "|---|---|---|---|---|" + "---|" * len([k for k in (2, 3, 5, 9) if k <= args.max_k]),
+    ]
+    for role, e in models.items():
+        lines.append(f"| {role} {e['name']} | {e['load_s']:.1f} | {e['peak_rss_gib']:.1f} | "
+                     f"{e['autoregressive_tokens_per_s']:.2f} | {e['forward_ms'][1]:.1f} | "
+                     + " | ".join(f"{e['forward_ms'][k]:.1f}" for k in (2, 3, 5, 9) if k <= args.max_k) + " |")
+    lines += ["", f"cost ratio c = draft fwd1 / target fwd1 = {result['cost_ratio_c']:.3f}; target fwd(k+1)/fwd1: "
+              + ", ".join(f"k={k}: {v:.2f}" for k, v in result["target_verify_ratio"].items())]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
