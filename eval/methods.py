@@ -212,7 +212,7 @@ def pacer(pair: Pair, ids: torch.Tensor) -> RunRecord:
 class OracleCandidateGenerator(PacerCandidateGenerator):
     """Drafts exactly the tokens the target will accept: the ceiling of any stopping rule with this draft.
 
-    Each round first probes, untimed and uncounted: it drafts up to the cap, runs the target on those tokens with
+    `_max_new_tokens` first probes, untimed and uncounted: it drafts up to the cap, runs the target on those tokens with
     the target's own cache (rolled back afterwards) and applies the target's logits processors, as the real verify
     does, to learn the accepted length a. Then it drafts exactly a tokens for real. Greedy only. Exact in float32;
     in bfloat16 the probe's and the verify's batch shapes differ, so a near-tie can rarely flip.
@@ -221,29 +221,22 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
     requires_model_outputs = True  # gives get_candidates the target's model_kwargs, hence its cache
     model_kwargs_overrides: dict = {}
 
-    def get_candidates(self, input_ids, *args, model_kwargs=None, **kwargs):
+    def _max_new_tokens(self, input_ids: torch.Tensor, model_kwargs: dict | None = None, **kwargs) -> int:
         if self.do_sample:
             raise ValueError("The oracle stop is defined for greedy decoding only.")
+        cap = super()._max_new_tokens(input_ids)
+        if cap <= 0:
+            return 0
         start = time.perf_counter()
         with self.head.forward_log.pause():
-            accepted = self._probe_accepted_length(input_ids.to(self.assistant_model.device), model_kwargs)
+            accepted = self._probe_accepted_length(input_ids, cap, model_kwargs)
         self.head.probe_time_s += time.perf_counter() - start
-        if accepted == 0:
-            self.stats.draft_lengths.append(0)
-            self._round_end = time.perf_counter()
-            return input_ids, None
-        self._sync_cache(input_ids)
-        tokens, scores, _ = self._draft_blocks(input_ids, accepted)
-        self.stats.draft_lengths.append(tokens.shape[1])
-        self._round_end = time.perf_counter()
-        return torch.cat([input_ids, tokens], dim=-1), scores
+        return accepted
 
-    def _probe_accepted_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
-        max_new_tokens = min(self.config.max_draft, self.main_model_max_length - input_ids.shape[1] - 1)
-        if max_new_tokens <= 0:
-            return 0
+    def _probe_accepted_length(self, input_ids: torch.Tensor, cap: int, model_kwargs: dict) -> int:
+        """Drafts `cap` tokens and lets the target judge them, then rolls both caches back."""
         self._sync_cache(input_ids)
-        tokens, _, _ = self._draft_blocks(input_ids, max_new_tokens)  # block_size = max_draft: no head call
+        tokens, _, _ = self._draft_blocks(input_ids, cap)  # block_size = max_draft: no head call
         sequence = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
         cache = model_kwargs["past_key_values"]
         num_cached = cache.get_seq_length()

@@ -104,7 +104,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
             `(input_ids, None)` when the length limit leaves no room for a draft.
         """
         input_ids = input_ids.to(self.assistant_model.device)
-        max_new_tokens = min(self.config.max_draft, self.main_model_max_length - input_ids.shape[1] - 1)
+        max_new_tokens = self._max_new_tokens(input_ids, **kwargs)
         if max_new_tokens <= 0:
             self.stats.draft_lengths.append(0)
             self._round_end = time.perf_counter()
@@ -115,6 +115,11 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.stats.head_stops += int(stopped_by_head)
         self._round_end = time.perf_counter()
         return torch.cat([input_ids, tokens], dim=-1), scores
+
+    def _max_new_tokens(self, input_ids: torch.LongTensor, **kwargs) -> int:
+        """The most tokens this round may draft: `max_draft`, within the target's length budget (the target adds one
+        token of its own). A subclass may draft less, e.g. the evaluation harness's oracle."""
+        return min(self.config.max_draft, self.main_model_max_length - input_ids.shape[1] - 1)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         # Not the parent's: its `heuristic` schedule and ROC threshold are replaced by the head.
