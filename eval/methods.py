@@ -194,6 +194,7 @@ def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
     draft = pair.draft
     return PacerHeadConfig(
         vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+        decoding="sampling" if pair.do_sample else "greedy",
         **{"block_size": 1, "max_draft": MAX_DRAFT, "threshold": 0.5, "score_mode": "block", **overrides},
     )
 

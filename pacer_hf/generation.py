@@ -82,6 +82,16 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         raise ValueError("`pacer_head` cannot be combined with `custom_generate`.")
     generation_config = arguments.get("generation_config") or model.generation_config
     _check_decoding_mode(generation_config, extra)
+    sampling = bool(extra.get("do_sample", generation_config.do_sample))
+    if head.config.decoding != ("sampling" if sampling else "greedy"):
+        warnings.warn(
+            f"`pacer_head` was trained on {head.config.decoding} acceptance labels, but this call "
+            f"{'samples' if sampling else 'decodes greedily'}. The output stays exact; only the head's stops are "
+            f"tuned for the other mode. Train a head with `pacer-hf train --decoding "
+            f"{'sampling' if sampling else 'greedy'}` for this mode.",
+            UserWarning,
+            stacklevel=4,
+        )
     check_pair_compatible(head.config, draft, model)
     try:
         config = dataclasses.replace(head.config, **overrides)

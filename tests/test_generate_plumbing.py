@@ -167,3 +167,13 @@ def test_import_opt_out_leaves_transformers_untouched():
         check=True,
     )
     assert result.stdout.strip() == "False"
+
+
+def test_head_trained_for_the_other_decoding_mode_warns(pair):
+    target, draft = pair
+    greedy_head = make_head(draft)
+    with pytest.warns(UserWarning, match="trained on greedy acceptance labels, but this call samples"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=True, assistant_model=draft, pacer_head=greedy_head)
+    sampling_head = make_head(draft, decoding="sampling")
+    with pytest.warns(UserWarning, match="trained on sampling acceptance labels, but this call decodes greedily"):
+        _generate(target, assistant_model=draft, pacer_head=sampling_head)

@@ -67,7 +67,9 @@ def pair_and_exact_joint():
 
 def _chi_square_pvalue(target, draft, joint: np.ndarray, generator_cls) -> float:
     head = _TokenProbabilityHead(
-        PacerHeadConfig(vocab_size=VOCAB, draft_hidden_size=32, block_size=1, max_draft=3, threshold=0.5)
+        PacerHeadConfig(
+            vocab_size=VOCAB, draft_hidden_size=32, block_size=1, max_draft=3, threshold=0.5, decoding="sampling"
+        )
     )
     head.candidate_generator_class = generator_cls
     torch.manual_seed(1234)
