@@ -11,11 +11,11 @@ Writes `<out>.json` (every record + environment), `<out>.md` (table) and `<out>.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ import transformers
 import pacer_hf
 from pacer_hf import PacerHead, PacerHeadConfig
 
+from .methods import Pair, fixed, pacer
 from .run import load_pair
 
 PROMPTS = (
@@ -34,21 +35,6 @@ PROMPTS = (
     "Give three tips for writing clear commit messages.",
     "class Stack:\n    \"\"\"A minimal LIFO stack.\"\"\"\n\n    def __init__(self):\n",
 )
-
-
-def _stock(target, draft, ids, k: int, max_new_tokens: int) -> tuple[torch.Tensor, float]:
-    config = draft.generation_config
-    config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
-    config.assistant_confidence_threshold = 0.0  # a constant k: no confidence stop, no ROC re-fit
-    start = time.perf_counter()
-    out = target.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
-    return out, time.perf_counter() - start
-
-
-def _pacer(target, draft, ids, head: PacerHead, max_new_tokens: int) -> tuple[torch.Tensor, float]:
-    start = time.perf_counter()
-    out = target.generate(ids, assistant_model=draft, pacer_head=head, max_new_tokens=max_new_tokens, do_sample=False)
-    return out, time.perf_counter() - start
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -65,29 +51,31 @@ def run(args: argparse.Namespace) -> dict:
                 block_size=args.block_size, max_draft=k, threshold=0.5,
             )
         ).to(dtype=dtype)
-        _stock(target, draft, prompts[0], k, 8)  # warm-up, excluded
-        _pacer(target, draft, prompts[0], head, 8)
+        pair = Pair(target, draft, head, max_new_tokens=args.max_new_tokens)
+        methods = {"stock": fixed(k), "pacer": pacer}
+        for method in methods.values():  # warm-up, excluded
+            method(dataclasses.replace(pair, max_new_tokens=8), prompts[0])
         for index, ids in enumerate(prompts):
             order = ("stock", "pacer") if index % 2 == 0 else ("pacer", "stock")
             result = {}
-            for method in order:
-                if method == "stock":
-                    result["stock"] = _stock(target, draft, ids, k, args.max_new_tokens)
-                else:
-                    result["pacer"] = _pacer(target, draft, ids, head, args.max_new_tokens)
+            for name in order:
+                result[name] = methods[name](pair, ids)
+                if name == "pacer":
                     stats = head.last_stats
-            (stock_out, stock_s), (pacer_out, pacer_s) = result["stock"], result["pacer"]
+            stock, paced = result["stock"], result["pacer"]
             round_time = stats.draft_time_s + stats.head_time_s + stats.target_time_s
             records.append(
                 {
-                    "k": k, "prompt": index, "stock_s": stock_s, "pacer_s": pacer_s, "ratio": pacer_s / stock_s,
-                    "new_tokens": int(pacer_out.shape[1] - ids.shape[1]), "equal": bool(torch.equal(stock_out, pacer_out)),
-                    "rounds": stats.rounds, "head_calls": stats.head_calls, "head_share": stats.head_time_s / round_time,
-                    "draft_s": stats.draft_time_s, "head_s": stats.head_time_s, "target_s": stats.target_time_s,
+                    "k": k, "prompt": index, "stock_s": stock.wall_s, "pacer_s": paced.wall_s,
+                    "ratio": paced.wall_s / stock.wall_s, "new_tokens": len(paced.tokens),
+                    "equal": stock.tokens == paced.tokens, "rounds": stats.rounds, "head_calls": stats.head_calls,
+                    "head_share": stats.head_time_s / round_time, "draft_s": stats.draft_time_s,
+                    "head_s": stats.head_time_s, "target_s": stats.target_time_s,
                 }
             )
-            print(f"k={k} prompt={index} stock={stock_s:.2f}s pacer={pacer_s:.2f}s ratio={pacer_s / stock_s:.3f} "
-                  f"head share={records[-1]['head_share']:.3%} equal={records[-1]['equal']}")
+            print(f"k={k} prompt={index} stock={stock.wall_s:.2f}s pacer={paced.wall_s:.2f}s "
+                  f"ratio={records[-1]['ratio']:.3f} head share={records[-1]['head_share']:.3%} "
+                  f"equal={records[-1]['equal']}")
     summary = {
         k: {
             "median_ratio": statistics.median(r["ratio"] for r in records if r["k"] == k),

@@ -13,7 +13,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.logits_process import MinLengthLogitsProcessor
 
-from .config import PacerHeadConfig
+from .config import PacerHeadConfig, log_threshold
 from .head import PacerHead, draft_distribution_features
 from .stats import PacerStats
 
@@ -72,7 +72,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.config = config if config is not None else pacer_head.config
         self.stats = stats if stats is not None else PacerStats()
         self.do_sample = bool(self.generation_config.do_sample)
-        self._log_threshold = math.log(self.config.threshold) if self.config.threshold > 0 else -math.inf
+        self._log_threshold = log_threshold(self.config.threshold)
         self._head_param = next(pacer_head.parameters())
 
         eos = self.generation_config._eos_token_tensor

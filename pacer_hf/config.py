@@ -1,6 +1,7 @@
 """`PacerHeadConfig`: what a PACER head is, how it drafts, and which draft/target pair it belongs to."""
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,11 @@ from ._version import __version__
 ARCHITECTURES = ("attention", "mlp")
 SCORE_MODES = ("round", "block")
 DECODING_MODES = ("greedy", "sampling")
+
+
+def log_threshold(threshold: float) -> float:
+    """The stop rule in log space: a round stops when its log pass score is below this (-inf for 0: never)."""
+    return math.log(threshold) if threshold > 0 else -math.inf
 
 
 @dataclass

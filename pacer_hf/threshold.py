@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .config import PacerHeadConfig
+from .config import PacerHeadConfig, log_threshold
 from .head import NUM_DISTRIBUTION_FEATURES, PacerHead, draft_distribution_features
 
 # Candidate thresholds of the search; the chosen one is the best of these on validation data.
@@ -189,7 +189,7 @@ def head_draft_lengths(
     scores = np.cumsum(blocks, axis=1) if config.score_mode == "round" else blocks  # [n, blocks]: log pass score
     block_ends = block * np.arange(1, num_blocks + 1)  # [blocks]
     asked = (block_ends[None, :] < cap[:, None]) & (threshold > 0)  # [n, blocks]
-    stop = asked & (scores < (math.log(threshold) if threshold > 0 else -math.inf))  # [n, blocks]
+    stop = asked & (scores < log_threshold(threshold))  # [n, blocks]
     stopped = stop.any(axis=1)
     first = stop.argmax(axis=1)  # [n]: first stopping block, where one stops
     draft_length = np.where(stopped, block_ends[first], cap)
