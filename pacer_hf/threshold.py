@@ -24,8 +24,10 @@ from transformers import DynamicCache, PreTrainedModel
 from .config import PacerHeadConfig, log_threshold
 from .head import NUM_DISTRIBUTION_FEATURES, PacerHead, draft_distribution_features
 
-# Candidate thresholds of the search; the chosen one is the best of these on validation data.
-THRESHOLD_GRID = tuple(np.round(np.linspace(0.0, 1.0, 41), 3).tolist())
+# Candidate thresholds of the search; the chosen one is the best of these on validation data. Finer near 1, where a
+# well-calibrated head's per-token probabilities sit when the draft is good.
+THRESHOLD_GRID = tuple(sorted(set(np.round(np.linspace(0.0, 1.0, 41), 3).tolist())
+                              | {0.96, 0.97, 0.98, 0.985, 0.99, 0.995}))
 # KV-cache length at which the micro-benchmark times forwards: a typical mid-generation context.
 BENCHMARK_CONTEXT = 200
 
@@ -35,18 +37,27 @@ DraftPolicy = Callable[[int, int, int], tuple[int, int]]
 
 @dataclass
 class CostModel:
-    """Costs of one round's parts relative to one target verification forward (of `block_size` + 1 tokens).
+    """Costs of one round's parts relative to one target forward of one token (an autoregressive step).
+
+    A round that drafts k tokens and calls the head n times costs k·draft + (1 + k·verify) + n·head: the target
+    verifies k + 1 tokens in one forward, which costs a little more than one token's forward on a CPU.
 
     Args:
-        draft (`float`): c, one draft forward (one drafted token) / one target verification.
-        head (`float`, defaults to 0.0): one head call (features + head forward) / one target verification.
+        draft (`float`): c, one draft forward (one drafted token) / one target forward.
+        head (`float`, defaults to 0.0): one head call (features + head forward) / one target forward.
+        verify (`float`, defaults to 0.0): extra target-forward time per verified draft token / one target forward.
     """
 
-    draft: float = field(metadata={"help": "Draft forward time / target verify time (c)."})
-    head: float = field(default=0.0, metadata={"help": "Head call time / target verify time."})
+    draft: float = field(metadata={"help": "Draft forward time / target forward time (c)."})
+    head: float = field(default=0.0, metadata={"help": "Head call time / target forward time."})
+    verify: float = field(default=0.0, metadata={"help": "Extra verification time per draft token / target forward."})
+
+    def round_cost(self, drafted: int, head_calls: int) -> float:
+        """Cost of a round that drafted `drafted` tokens and called the head `head_calls` times."""
+        return drafted * (self.draft + self.verify) + 1.0 + head_calls * self.head
 
     def __post_init__(self) -> None:
-        for name in ("draft", "head"):
+        for name in ("draft", "head", "verify"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"`{name}` cost ratio must be a finite number >= 0, got {value!r}.")
@@ -106,7 +117,8 @@ class ThresholdReport:
     def format(self) -> str:
         """The curve and the baselines as a plain-text table."""
         lines = [
-            f"expected speed-up over autoregressive (cost ratio c={self.cost.draft:.3f}, head={self.cost.head:.4f})",
+            f"expected speed-up over autoregressive (cost ratio c={self.cost.draft:.3f}, head={self.cost.head:.4f}, "
+            f"verify={self.cost.verify:.4f} per draft token)",
             "threshold  speed-up  tokens/target call",
         ]
         for threshold, speedup, tau in zip(self.thresholds, self.speedups, self.tokens_per_round):
@@ -128,7 +140,8 @@ def simulate_decoding(labels: np.ndarray, policy: DraftPolicy, cost: CostModel, 
     adds one token of its own. If drafting went on to the cap, the accepted run m (the consecutive accept-labels
     from t, capped) has probability P(m) = y_t ... y_{t+m-1} (1 - y_{t+m}) (P(cap) = y_t ... y_{t+cap-1}); greedy
     labels are 0/1, so exactly one m is possible, sampling labels are acceptance probabilities. The policy drafts
-    k tokens; then a = min(m, k) are accepted, the round yields a + 1 tokens and costs k·c + 1 + calls·h, and the
+    k tokens; then a = min(m, k) are accepted, the round yields a + 1 tokens and costs `cost.round_cost(k, calls)`,
+    and the
     next round starts at t + a + 1. Expectations are propagated forward over the round starts.
 
     Args:
@@ -157,7 +170,7 @@ def simulate_decoding(labels: np.ndarray, policy: DraftPolicy, cost: CostModel, 
             accepted = min(int(m), k)
             weight = reach[t] * run_prob[m]
             totals.tokens += weight * (accepted + 1)
-            totals.cost += weight * (k * cost.draft + 1.0 + calls * cost.head)
+            totals.cost += weight * cost.round_cost(k, calls)
             totals.rounds += weight
             totals.drafted += weight * k
             reach[t + accepted + 1] += weight
@@ -291,19 +304,20 @@ def median_forward_seconds(model: PreTrainedModel, ids: torch.LongTensor, new_to
 def measure_cost_model(
     draft: PreTrainedModel, target: PreTrainedModel, head: PacerHead, repeats: int = 10
 ) -> CostModel:
-    """Micro-benchmark of the pair on this machine: median times of a 1-token draft forward, a
-    (`block_size` + 1)-token target forward (a verification) and one head call (features of a block + the head over
-    half of `max_draft` positions), each on a KV cache of `BENCHMARK_CONTEXT` tokens.
+    """Micro-benchmark of the pair on this machine: median times of a 1-token draft forward, 1-token and
+    (`max_draft` // 2 + 1)-token target forwards (the slope gives `verify`) and one head call (features of a block +
+    the head over half of `max_draft` positions), each on a KV cache of `BENCHMARK_CONTEXT` tokens.
 
     Set `OMP_WAIT_POLICY=PASSIVE` before starting Python on small CPUs, or OpenMP spin-waits make timings noisy.
     """
     config = head.config
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(config.vocab_size, (1, BENCHMARK_CONTEXT + config.block_size + 1), generator=generator)
+    positions = max(config.max_draft // 2, 1)  # a typical round: half of W (the head scores the whole round so far)
+    ids = torch.randint(config.vocab_size, (1, BENCHMARK_CONTEXT + positions + 1), generator=generator)
     draft_s = median_forward_seconds(draft, ids.to(draft.device), 1, repeats)
-    target_s = median_forward_seconds(target, ids.to(target.device), config.block_size + 1, repeats)
+    target_s = median_forward_seconds(target, ids.to(target.device), 1, repeats)
+    verify_s = median_forward_seconds(target, ids.to(target.device), positions + 1, repeats)
     param = next(head.parameters())
-    positions = max(config.max_draft // 2, 1)  # the head scores the whole round so far: on average half of W
     hidden = torch.randn(1, positions, config.draft_hidden_size, generator=generator).to(param)  # [1, k, H]
     features = torch.randn(1, positions, NUM_DISTRIBUTION_FEATURES, generator=generator).to(param)  # [1, k, F]
     scores = torch.randn(1, config.block_size, config.vocab_size, generator=generator).to(draft.device)  # [1, b, V]
@@ -314,4 +328,5 @@ def measure_cost_model(
             draft_distribution_features(scores, scores.argmax(dim=-1))  # one block's features per call
             head(hidden, features)
             head_times.append(time.perf_counter() - start)
-    return CostModel(draft=draft_s / target_s, head=statistics.median(head_times[2:]) / target_s)
+    return CostModel(draft=draft_s / target_s, head=statistics.median(head_times[2:]) / target_s,
+                     verify=max(verify_s - target_s, 0.0) / (positions * target_s))

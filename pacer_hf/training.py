@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .collection import Collection, load_collection, write_json_atomic
 from .config import PacerHeadConfig
 from .head import PacerHead
-from .threshold import CostModel, choose_threshold, plot_threshold_curve
+from .threshold import CostModel, ThresholdReport, choose_threshold, plot_threshold_curve
 
 METRICS_NAME = "training_metrics.json"
 PLOT_NAME = "threshold_curve.png"
@@ -242,6 +242,42 @@ def window_logprobs(head: PacerHead, batcher: _Batcher, span: slice) -> np.ndarr
     return torch.cat(out).double().numpy()
 
 
+def head_metrics(
+    head: PacerHead, collection: Collection, sequences: list[int], decoding: str | None = None
+) -> dict[str, float]:
+    """[`calibration_metrics`] of `head` over the rounds of `sequences`, with the labels and features of `decoding`
+    (default: the head's own `config.decoding`)."""
+    config = head.config if decoding is None else dataclasses.replace(head.config, decoding=decoding)
+    rounds = _Rounds(collection, sequences, config.max_draft)
+    return calibration_metrics(*_predict_rounds(head, _Batcher(collection, config), rounds.rounds))
+
+
+def evaluate_head(
+    head: PacerHead, collection: Collection, sequences: list[int], cost: CostModel, decoding: str | None = None
+) -> tuple[dict[str, float], ThresholdReport]:
+    """Calibration metrics of `head` on the rounds of `sequences`, and the expected-speed threshold report there.
+
+    Args:
+        head ([`PacerHead`]): the head, in eval mode.
+        collection (`Collection`): the data, from [`pacer_hf.load_collection`].
+        sequences (`list[int]`): the sequences to score (validation sequences, see [`split_sequences`]).
+        cost ([`CostModel`]): the pair's cost ratios.
+        decoding (`str`, *optional*): the labels and features to score with, `"greedy"` or `"sampling"`; defaults to
+            the head's own `config.decoding` (another mode tells how a head transfers).
+    """
+    config = head.config if decoding is None else dataclasses.replace(head.config, decoding=decoding)
+    batcher = _Batcher(collection, config)
+    metrics = head_metrics(head, collection, sequences, decoding)
+    slices = collection.sequence_slices()
+    position_labels = batcher.labels.double().numpy()
+    report = choose_threshold(
+        [position_labels[slices[s]] for s in sequences],
+        [window_logprobs(head, batcher, slices[s]) for s in sequences],
+        config, cost,
+    )
+    return metrics, report
+
+
 # ---- checkpoints ------------------------------------------------------------------------------------------------
 
 
@@ -297,8 +333,9 @@ def _head_config_for(collection: Collection, head_config: PacerHeadConfig | None
     )
 
 
-def _split(collection: Collection, config: TrainingConfig) -> tuple[list[int], list[int]]:
-    """Training and validation sequences, split by prompt."""
+def split_sequences(collection: Collection, config: TrainingConfig) -> tuple[list[int], list[int]]:
+    """Training and validation sequences of `collection`, split by prompt (fixed by `config.seed` and
+    `config.val_fraction`)."""
     prompts = sorted(set(collection.prompt_index.tolist()))
     if len(prompts) < 2:
         raise ValueError(
@@ -383,7 +420,7 @@ def train(
         _check_run(output_dir, run, resume)
     accelerator.wait_for_everyone()
 
-    train_sequences, val_sequences = _split(collection, config)
+    train_sequences, val_sequences = split_sequences(collection, config)
     batcher = _Batcher(collection, head_config)
     train_rounds = _Rounds(collection, train_sequences, head_config.max_draft)
     val_rounds = _Rounds(collection, val_sequences, head_config.max_draft)
@@ -437,14 +474,7 @@ def train(
         _save_checkpoint(accelerator, output_dir, progress)
 
     head = accelerator.unwrap_model(head).eval()
-    val = calibration_metrics(*_predict_rounds(head, batcher, val_rounds.rounds))
-    slices = collection.sequence_slices()
-    position_labels = batcher.labels.double().numpy()
-    report = choose_threshold(
-        [position_labels[slices[s]] for s in val_sequences],
-        [window_logprobs(head, batcher, slices[s]) for s in val_sequences],
-        head_config, cost,
-    )
+    val, report = evaluate_head(head, collection, val_sequences, cost)
     head.config = dataclasses.replace(head_config, threshold=report.best_threshold)
     manifest = collection.manifest
     metrics = {

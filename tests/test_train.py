@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eval import ablations
 import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
 from pacer_hf import PacerHead, PacerHeadConfig
 from pacer_hf.cli import main
@@ -155,6 +156,10 @@ def test_simulation_by_hand():
     # soft labels: one round of one draft token accepted with probability 1/2 -> 1.5 tokens expected
     soft = simulate_decoding(np.array([0.5, 0.5]), lambda t, cap, m: (min(1, cap), 0), cost, max_draft=4)
     assert soft.tokens == pytest.approx(2.0) and soft.rounds == pytest.approx(1.5)
+    # verification cost per draft token and head calls: the oracle's rounds draft 2 and 4 with one head call each
+    costly = CostModel(draft=0.5, head=0.1, verify=0.05)
+    oracle = simulate_decoding(labels, lambda t, cap, m: (m, 1), costly, max_draft=4)
+    assert oracle.cost == pytest.approx((1 + 2 * 0.55 + 0.1) + (1 + 4 * 0.55 + 0.1))
 
 
 def test_threshold_zero_equals_fixed_max_draft():
@@ -171,7 +176,7 @@ def test_measure_cost_model_on_tiny_models():
     target, draft = tiny_pair("llama", "noisy", seed=0)
     head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
     cost = measure_cost_model(draft, target, head, repeats=3)
-    assert 0 < cost.draft < 10 and 0 < cost.head < 10
+    assert 0 < cost.draft < 10 and 0 < cost.head < 10 and 0 <= cost.verify < 10
 
 
 def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
@@ -221,11 +226,13 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys):
     _save_tiny_pair_with_tokenizer(tmp_path)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(" ".join(f"w{(7 * i + j) % 95 + 1}" for j in range(6)) for i in range(8)) + "\n")
+    more = tmp_path / "more.txt"
+    more.write_text("w3 w9 w27 w81\nw5 w25 w30 w60\n")
     common = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", str(prompts),
-              "--output-dir", str(tmp_path / "data"), "--dtype", "float32", "--max-new-tokens", "24"]
+              str(more), "--output-dir", str(tmp_path / "data"), "--dtype", "float32", "--max-new-tokens", "24"]
     assert main(["collect", *common, "--chat-template", "off"]) == 0
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
-    assert manifest["totals"]["sequences"] == 8 and manifest["prompt_source"] == str(prompts)
+    assert manifest["totals"]["sequences"] == 10 and manifest["prompt_source"] == f"{prompts} {more}"
     assert main(["collect", *common, "--chat-template", "on"]) == 1  # no chat template: a clear error, exit 1
     assert "has no chat template" in capsys.readouterr().err
 
@@ -236,7 +243,23 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys):
     assert main(["train", str(tmp_path / "data"), str(tmp_path / "head"), "--cost-ratio", "0.3"]) == 1
     assert "already holds a training run" in capsys.readouterr().err
 
+    # The ablation report scores the head as training did (same split, same threshold search) and in the other mode.
+    ablations.main(["--data", str(tmp_path / "data"), "--runs", str(tmp_path / "head"), "--cost-ratio", "0.3",
+                    "--out", str(tmp_path / "ablations")])
+    rows = json.loads((tmp_path / "ablations.json").read_text())["rows"]
+    row = rows[0]
+    assert [r["architecture"] for r in rows[1:]] == ["rule"] * 4  # the entropy stop's reference rows
+    trained = json.loads((tmp_path / "head" / "training_metrics.json").read_text())["threshold"]
+    assert row["greedy"]["threshold"] == trained["best_threshold"] == head.config.threshold
+    assert row["greedy"]["speedup"] == pytest.approx(trained["best_speedup"])
+    assert 0.0 < row["sampling"]["speedup"] <= row["sampling"]["oracle"] + 1e-9
+    assert "| head (attention, block 2) |" in (tmp_path / "ablations.md").read_text()
+
     assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--dry-run", "--speedup", "humaneval=1.25"]) == 0
     out = capsys.readouterr()
     assert "library_name: pacer-hf" in out.out and "value: 1.25" in out.out
     assert "model.safetensors" in out.err and "README.md" in out.err
+    assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--stage", str(tmp_path / "staged"),
+                 "--speedup", "humaneval=1.25"]) == 0
+    staged = PacerHead.from_pretrained(tmp_path / "staged")
+    assert staged.config == head.config and "value: 1.25" in (tmp_path / "staged" / "README.md").read_text()
