@@ -93,8 +93,8 @@ def test_committed_head_keeps_greedy_output(head, arch):
 
 
 def test_committed_head_refuses_another_hidden_size(head):
-    target, draft = tiny_pair("qwen2", "noisy")
-    with pytest.raises(ValueError, match="hidden size"):
+    target, draft = tiny_pair("qwen2", "noisy", vocab_size=QWEN_VOCAB)  # the right vocabulary, hidden size 32
+    with pytest.raises(ValueError, match="hidden size 896"):
         target.generate(torch.tensor([[0, 3, 5]]), assistant_model=draft, pacer_head=head, max_new_tokens=4)
 
 
