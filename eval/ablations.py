@@ -52,10 +52,10 @@ def training_split(run_dir: Path, collection) -> tuple[list[int], list[int]]:
 def entropy_rows(reference: PacerHead, thresholds: list[float], collection, split, cost) -> list[dict]:
     """The training-free entropy stop of the harness (stop after a token whose draft entropy exceeds X nats)."""
     config = dataclasses.replace(reference.config, block_size=1, score_mode="block")
+    free = dataclasses.replace(cost, head=0.0)  # a rule on features the draft loop computes anyway
     rows = []
     for threshold in thresholds:
         rule = EntropyStopHead(config, entropy_threshold=threshold).eval()
-        free = dataclasses.replace(cost, head=0.0)  # a rule on features the draft loop computes anyway
         row = score_head(f"entropy > {threshold} nats", rule, collection, split, free)
         rows.append({**row, "architecture": "rule", "trained_on": "-", "parameters": 0})
     return rows
@@ -75,8 +75,8 @@ def to_markdown(rows: list[dict], cost: CostModel, data_dir: str) -> str:
         g, s = row["greedy"], row["sampling"]
         lines.append(
             f"| {row['run']} ({row['architecture']}, block {row['block_size']}) | {row['parameters']:,} | "
-            f"{row['trained_on']} | {row['train_auc']:.3f} | {g['auc']:.3f} | {g['threshold']:.3f} | {g['speedup']:.3f} | {s['auc']:.3f} | "
-            f"{s['threshold']:.3f} | {s['speedup']:.3f} |"
+            f"{row['trained_on']} | {row['train_auc']:.3f} | {g['auc']:.3f} | {g['threshold']:.3f} | "
+            f"{g['speedup']:.3f} | {s['auc']:.3f} | {s['threshold']:.3f} | {s['speedup']:.3f} |"
         )
     first = rows[0]
     for mode in MODES:

@@ -19,6 +19,7 @@ import torch
 import transformers
 
 from pacer_hf.models import PAIRS, load_model
+from pacer_hf.prompts import chat_input_ids
 from pacer_hf.threshold import BENCHMARK_CONTEXT, median_forward_seconds
 
 # A typical code request: the autoregressive timing needs a realistic prompt, not random ids.
@@ -48,8 +49,7 @@ def main() -> None:
         start = time.perf_counter()
         model, tokenizer = load_model(name, dtype=dtype)
         entry = {"name": name, "load_s": time.perf_counter() - start, "peak_rss_gib": _peak_rss_gib()}
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT_FOR_TIMING}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"]
+        ids = chat_input_ids(tokenizer, PROMPT_FOR_TIMING)
         model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)

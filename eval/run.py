@@ -24,32 +24,21 @@ import pacer_hf
 from pacer_hf import PacerHead
 
 from .methods import Pair, registry
-from pacer_hf.prompts import Prompt, load_prompt_set
+from pacer_hf.prompts import Prompt, chat_input_ids, load_prompt_set
 
 
 def load_pair(name: str, dtype: torch.dtype):
-    """Returns `(target, draft, encode)` for `tiny` or a pinned pair of `pacer_hf.models`."""
+    """Returns `(target, draft, encode, tokenizer)` for `tiny` (no tokenizer) or a pinned pair of `pacer_hf.models`."""
     if name == "tiny":
         from pacer_hf.tiny_models import tiny_pair
 
         target, draft = tiny_pair("qwen2", "noisy", seed=0)
         # A stand-in tokenizer for random models: characters to ids; only the token counts matter here.
         return target, draft, lambda text: torch.tensor([[0] + [ord(c) % 94 + 2 for c in text[:32]]]), None
-    from pacer_hf.models import PAIRS, load_model
+    from pacer_hf.models import load_pair as load_pinned_pair
 
-    draft_name, target_name = PAIRS[name]
-    target, tokenizer = load_model(target_name, dtype=dtype)
-    draft, _ = load_model(draft_name, dtype=dtype)
-
-    def encode(text: str) -> torch.Tensor:
-        if tokenizer.chat_template:
-            messages = [{"role": "user", "content": text}]
-            return tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )["input_ids"]
-        return tokenizer(text, return_tensors="pt")["input_ids"]
-
-    return target, draft, encode, tokenizer
+    target, draft, tokenizer = load_pinned_pair(name, dtype)
+    return target, draft, lambda text: chat_input_ids(tokenizer, text), tokenizer
 
 
 def environment(args: argparse.Namespace) -> dict:

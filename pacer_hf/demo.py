@@ -54,39 +54,30 @@ def run_demo(
         max_new_tokens (`int`): new tokens per prompt.
         prompts (`tuple[str, ...]`): user turns, wrapped in the chat template.
     """
-    from .models import PAIRS, load_model
+    from .models import load_pair
+    from .prompts import chat_input_ids
 
-    if pair not in PAIRS:
-        raise ValueError(f"Unknown pair `{pair}`; pinned pairs: {sorted(PAIRS)}.")
     if isinstance(head, Path) and not head.is_dir():
         raise ValueError(
             f"The head folder `{head}` does not exist. The default head ships in the repository's `hub_cards/` (use "
             "an editable install of a clone); or pass `--head` with a local folder or a Hub id."
         )
     torch_dtype = getattr(torch, dtype)
-    draft_name, target_name = PAIRS[pair]
-    target, tokenizer = load_model(target_name, dtype=torch_dtype)
-    draft, _ = load_model(draft_name, dtype=torch_dtype)
+    target, draft, tokenizer = load_pair(pair, dtype=torch_dtype)
     pacer_head = PacerHead.from_pretrained(str(head)).to(dtype=torch_dtype).eval()
     print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype}, "
           f"{torch.get_num_threads()} threads; head {head} ({pacer_head.num_parameters:,} params, "
           f"{pacer_head.config.architecture}, block {pacer_head.config.block_size}, threshold "
           f"{pacer_head.config.threshold:.3f}, max draft {pacer_head.config.max_draft})")
 
-    def encode(text: str) -> torch.Tensor:
-        messages = [{"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-
     assisted = {"assistant_model": draft, "pacer_head": pacer_head}
-    warm = encode("Hi")
+    warm = chat_input_ids(tokenizer, "Hi")
     _timed_generate(target, warm, max_new_tokens=4)  # first calls pay one-off allocation costs; time neither
     _timed_generate(target, warm, max_new_tokens=4, **assisted)
 
     plain_times, pacer_times, all_equal = [], [], True
     for index, text in enumerate(prompts):
-        ids = encode(text)
+        ids = chat_input_ids(tokenizer, text)
         runs = [("plain", {}), ("pacer", assisted)]
         results = dict(
             (name, _timed_generate(target, ids, max_new_tokens=max_new_tokens, **kwargs))

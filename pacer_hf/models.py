@@ -430,3 +430,15 @@ def load_model(
         # `from_pretrained` records the cache folder; the Hub id is what identifies the weights elsewhere.
         model.config._name_or_path = json.loads(source.read_text())["hub_id"]
     return model.eval(), tokenizer
+
+
+def load_pair(
+    pair: str, dtype: torch.dtype = torch.bfloat16, cache_dir: str | os.PathLike | None = None
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+    """Loads the pinned pair `pair` (a key of `PAIRS`) with [`load_model`]: `(target, draft, tokenizer)`."""
+    if pair not in PAIRS:
+        raise ValueError(f"Unknown pair `{pair}`; pinned pairs: {sorted(PAIRS)}.")
+    draft_name, target_name = PAIRS[pair]
+    target, tokenizer = load_model(target_name, dtype=dtype, cache_dir=cache_dir)
+    draft, _ = load_model(draft_name, dtype=dtype, cache_dir=cache_dir)
+    return target, draft, tokenizer

@@ -15,7 +15,10 @@ import importlib.resources
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 PROMPT_KEYS = ("prompt", "text", "question", "instruction", "input_ids", "turns")
 HUMANEVAL_INSTRUCTION = (
@@ -96,6 +99,16 @@ def _file(path: Path) -> Iterator[Prompt]:
             prompt_id = record.get("question_id", record.get("id", number)) if isinstance(record, dict) else number
             category = record.get("category") if isinstance(record, dict) else None
             yield Prompt(path.stem, str(prompt_id), _prompt_from_record(record, path, number), {"category": category})
+
+
+def chat_input_ids(tokenizer: Any, text: str) -> "torch.LongTensor":
+    """Token ids `[1, P]` of `text` as one user turn of the tokenizer's chat template (plain text without one)."""
+    if tokenizer.chat_template:
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    return tokenizer(text, return_tensors="pt")["input_ids"]
 
 
 def load_prompt_set(spec: str | Path) -> list[Prompt]:

@@ -242,12 +242,17 @@ def window_logprobs(head: PacerHead, batcher: _Batcher, span: slice) -> np.ndarr
     return torch.cat(out).double().numpy()
 
 
+def _scoring_config(head: PacerHead, decoding: str | None) -> PacerHeadConfig:
+    """The head's config, scored with the labels and features of `decoding` when given."""
+    return head.config if decoding is None else dataclasses.replace(head.config, decoding=decoding)
+
+
 def head_metrics(
     head: PacerHead, collection: Collection, sequences: list[int], decoding: str | None = None
 ) -> dict[str, float]:
     """[`calibration_metrics`] of `head` over the rounds of `sequences`, with the labels and features of `decoding`
     (default: the head's own `config.decoding`)."""
-    config = head.config if decoding is None else dataclasses.replace(head.config, decoding=decoding)
+    config = _scoring_config(head, decoding)
     rounds = _Rounds(collection, sequences, config.max_draft)
     return calibration_metrics(*_predict_rounds(head, _Batcher(collection, config), rounds.rounds))
 
@@ -265,7 +270,7 @@ def evaluate_head(
         decoding (`str`, *optional*): the labels and features to score with, `"greedy"` or `"sampling"`; defaults to
             the head's own `config.decoding` (another mode tells how a head transfers).
     """
-    config = head.config if decoding is None else dataclasses.replace(head.config, decoding=decoding)
+    config = _scoring_config(head, decoding)
     batcher = _Batcher(collection, config)
     metrics = head_metrics(head, collection, sequences, decoding)
     slices = collection.sequence_slices()

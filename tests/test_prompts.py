@@ -44,3 +44,24 @@ def test_humaneval_prompts_carry_their_tests():
 def test_sharegpt_first_user_turns():
     prompts = load_prompt_set("sharegpt:0:5")
     assert len(prompts) == 5 and all(isinstance(p.text, str) and p.text for p in prompts)
+
+
+def test_chat_input_ids_uses_the_chat_template_when_there_is_one():
+    import torch
+
+    from pacer_hf.prompts import chat_input_ids
+
+    class Tokenizer:  # just the two calls chat_input_ids makes
+        chat_template = None
+
+        def __call__(self, text, return_tensors):
+            return {"input_ids": torch.tensor([[1, len(text)]])}
+
+        def apply_chat_template(self, messages, add_generation_prompt, return_tensors, return_dict):
+            assert messages == [{"role": "user", "content": "abc"}] and add_generation_prompt and return_dict
+            return {"input_ids": torch.tensor([[9, 9, 3]])}
+
+    tokenizer = Tokenizer()
+    assert chat_input_ids(tokenizer, "abc").tolist() == [[1, 3]]
+    tokenizer.chat_template = "{{ messages }}"
+    assert chat_input_ids(tokenizer, "abc").tolist() == [[9, 9, 3]]
