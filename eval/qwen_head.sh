@@ -38,9 +38,12 @@ python -m eval.ablations --data "$DATA" "${COST[@]}" --out eval/results/ablation
     --runs "$RUNS/attention-block1" "$RUNS/attention-block2" "$RUNS/attention-block4" "$RUNS/mlp-block1" \
     "$RUNS/attention-block1-sampling"
 
-pacer-hf push "$RUNS/$MAIN" pacer-hf/pacer-qwen2.5-coder-0.5b-to-1.5b --stage "$HUB_DIR" \
-    --dataset openai/openai_humaneval --dataset anon8231489123/ShareGPT_Vicuna_unfiltered
-# After `pacer-hf bench` (README, "Benchmarks"), the measured speed-ups go into the card's model-index and text:
-#   pacer-hf push "$RUNS/$MAIN" pacer-hf/pacer-qwen2.5-coder-0.5b-to-1.5b --stage "$HUB_DIR" \
-#       --dataset openai/openai_humaneval --dataset anon8231489123/ShareGPT_Vicuna_unfiltered \
-#       --speedup humaneval=1.759 --speedup sharegpt=1.229
+# The greedy head (the demo's) and the sampling-trained head, each as a ready-to-push folder.
+DATASETS=(--dataset openai/openai_humaneval --dataset anon8231489123/ShareGPT_Vicuna_unfiltered)
+pacer-hf push "$RUNS/$MAIN" pacer-hf/pacer-qwen2.5-coder-0.5b-to-1.5b --stage "$HUB_DIR" "${DATASETS[@]}"
+pacer-hf push "$RUNS/attention-block1-sampling" pacer-hf/pacer-qwen2.5-coder-0.5b-to-1.5b-sampling \
+    --stage "$HUB_DIR-sampling" "${DATASETS[@]}"
+# After `pacer-hf bench` (README, "Benchmarks"; `--sample` for the sampling head), the measured speed-ups go into each
+# card's model-index and text, e.g.
+#   pacer-hf push "$RUNS/$MAIN" pacer-hf/pacer-qwen2.5-coder-0.5b-to-1.5b --stage "$HUB_DIR" "${DATASETS[@]}" \
+#       --speedup humaneval=<x> --speedup sharegpt=<y>

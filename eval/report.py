@@ -6,6 +6,7 @@ Per method and prompt set: new tokens/s (mean and median over prompts), speed-up
 (ratio of the mean tokens/s, Spec-Bench's convention, and the median of per-prompt ratios), tokens per target call
 (tau), draft forwards per accepted draft token, target calls and draft forwards, in greedy mode the number of
 prompts whose token ids equal the autoregressive ones (a length mismatch is a mismatch), and HumanEval pass@1.
+A prompt that not every method finished (an interrupted run) is left out of every figure and listed in `left_out`.
 """
 
 import argparse
@@ -24,7 +25,19 @@ def load_records(path: Path) -> tuple[dict, list[dict]]:
     return lines[0]["environment"], lines[1:]
 
 
+def finished_prompts(methods: list[str], records: list[dict]) -> set[tuple[str, str]]:
+    """The `(set, prompt_id)` keys that every one of `methods` finished; an interrupted run leaves one prompt short."""
+    methods_of: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for record in records:
+        methods_of[(record["set"], record["prompt_id"])].add(record["method"])
+    return {key for key, done in methods_of.items() if done >= set(methods)}
+
+
 def summarize(environment: dict, records: list[dict], quality: bool = True) -> dict:
+    # Every figure compares methods on the same prompts, so a prompt that not every method finished is left out.
+    finished = finished_prompts(environment["methods"], records)
+    left_out = sorted({(r["set"], r["prompt_id"]) for r in records} - finished)
+    records = [r for r in records if (r["set"], r["prompt_id"]) in finished]
     by_key: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         by_key[(record["set"], record["method"])].append(record)
@@ -62,14 +75,17 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             entry["speedup_median"] = statistics.median(
                 len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
             )
-    return {"environment": environment, "summary": summary}
+    return {"environment": environment, "summary": summary, "left_out": [list(key) for key in left_out]}
 
 
 def markdown_table(result: dict) -> str:
     env = result["environment"]
     lines = [
         f"Pair `{env['pair']}`, {env['dtype']}, {env['mode']}, {env['max_new_tokens']} new tokens, "
-        f"{env['threads']} threads, transformers {env['transformers']}, torch {env['torch']}",
+        f"{env['threads']} threads, transformers {env['transformers']}, torch {env['torch']}"
+        + (f"; run in {1 + len(env['resumed'])} sittings (`--resume`)" if env.get("resumed") else "")
+        + (f"; {len(result['left_out'])} prompt(s) not finished by every method left out" if result.get("left_out")
+           else ""),
         "",
         "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | drafted/accepted | "
         "equal to AR | pass@1 |",

@@ -5,7 +5,8 @@
 
 For each prompt the methods run in a rotating order (so no method always runs first, after the same one, or on a
 warmer cache); one short warm-up generation per method is excluded. `<out>.jsonl` gets one line per (prompt,
-method), then `eval.report` derives every figure from those records alone.
+method), then `eval.report` derives every figure from those records alone. An interrupted run continues with the
+same command and `--resume` (which may also add prompts); the records keep when each sitting started.
 """
 
 import argparse
@@ -24,6 +25,7 @@ import pacer_hf
 from pacer_hf import PacerHead
 
 from .methods import Pair, registry
+from .report import finished_prompts, load_records
 from pacer_hf.prompts import Prompt, chat_input_ids, load_prompt_set
 
 
@@ -48,8 +50,41 @@ def environment(args: argparse.Namespace) -> dict:
         "cores": os.cpu_count(), "threads": torch.get_num_threads(), "dtype": args.dtype, "pair": args.pair,
         "mode": "sampling" if args.sample else "greedy", "max_new_tokens": args.max_new_tokens,
         "prompts": args.prompts, "head": str(args.head) if args.head else None,
+        "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+# Settings that may differ between the sittings of one resumed run; any other difference would mix two runs.
+_RESUMABLE_KEYS = {"started", "resumed", "prompts", "pacer_hf"}
+
+
+def _start_records(out: Path, env: dict, resume: bool) -> set[tuple[str, str]]:
+    """Starts `out` with the environment line, or with `resume` continues it: keeps the prompts every method
+    finished, drops a prompt cut short, and returns the finished `(set, prompt_id)` keys to skip."""
+    if not out.exists() or not resume:
+        if out.exists() and out.stat().st_size > 0:
+            raise ValueError(
+                f"`{out}` already holds records; pass `--resume` to continue that run, or choose another `--out`."
+            )
+        out.write_text(json.dumps({"environment": env}) + "\n", encoding="utf-8")
+        return set()
+    previous, records = load_records(out)
+    changed = sorted(k for k in (previous.keys() | env.keys()) - _RESUMABLE_KEYS if previous.get(k) != env.get(k))
+    if changed:
+        raise ValueError(
+            f"Cannot resume `{out}`: it was run with other settings ("
+            + ", ".join(f"{k}: {previous.get(k)!r} there, {env.get(k)!r} now" for k in changed)
+            + "). Use the same settings, or another `--out`."
+        )
+    done = finished_prompts(env["methods"], records)
+    env = {**previous, "prompts": env["prompts"], "resumed": previous.get("resumed", []) + [env["started"]]}
+    kept = [json.dumps({"environment": env})] + [json.dumps(r) for r in records if (r["set"], r["prompt_id"]) in done]
+    # Rewritten beside and renamed over, so an interruption here leaves the old file whole.
+    partial = out.with_suffix(".jsonl.tmp")
+    partial.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    os.replace(partial, out)
+    return done
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -76,9 +111,11 @@ def run(args: argparse.Namespace) -> Path:
     out = args.out.with_suffix(".jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(methods)
-    with out.open("w", encoding="utf-8") as file:
-        file.write(json.dumps({"environment": {**environment(args), "methods": names}}) + "\n")
+    done = _start_records(out, {**environment(args), "methods": names}, resume=args.resume)
+    with out.open("a", encoding="utf-8") as file:
         for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
+            if (prompt.set_name, prompt.prompt_id) in done:
+                continue
             ids = encode(prompt.text)
             order = names[index % len(names):] + names[: index % len(names)]
             for name in order:
@@ -106,6 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("eval/results/run"))
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the records in OUT.jsonl: finished prompts are kept, a cut-short one is redone; "
+                             "more prompts may be added")
 
 
 def main() -> None:

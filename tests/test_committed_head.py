@@ -1,5 +1,5 @@
-"""The head committed in `hub_cards/` for Qwen2.5-Coder 0.5B -> 1.5B: it loads, it is for the draft it claims, it
-keeps generation lossless, it refuses another draft, and its card renders."""
+"""The heads committed in `hub_cards/` for Qwen2.5-Coder 0.5B -> 1.5B (greedy, the demo's, and sampling): they load,
+they are for the draft they claim, they keep generation lossless, they refuse another draft, their cards render."""
 
 import copy
 import json
@@ -18,6 +18,8 @@ from pacer_hf.tiny_models import tiny_pair
 # Qwen2.5-Coder-0.5B-Instruct's config.json: hidden_size and vocab_size (the embedding rows, padded past the
 # tokenizer's 151,665 tokens).
 QWEN_DRAFT_HIDDEN, QWEN_VOCAB = 896, 151936
+# The folder of each committed head, by the decoding mode it was trained for.
+COMMITTED = {"greedy": DEFAULT_HEAD, "sampling": DEFAULT_HEAD.with_name(DEFAULT_HEAD.name + "-sampling")}
 
 
 @pytest.fixture(scope="module")
@@ -25,20 +27,23 @@ def head() -> PacerHead:
     return PacerHead.from_pretrained(DEFAULT_HEAD).eval()
 
 
-def test_committed_folder_is_a_hub_folder():
-    assert DEFAULT_HEAD.parent.name == "hub_cards"
-    names = {p.name for p in DEFAULT_HEAD.iterdir()}
+@pytest.mark.parametrize("decoding", COMMITTED)
+def test_committed_folder_is_a_hub_folder(decoding):
+    folder = COMMITTED[decoding]
+    assert folder.parent.name == "hub_cards"
+    names = {p.name for p in folder.iterdir()}
     assert {"README.md", "config.json", "model.safetensors"} <= names
-    assert (DEFAULT_HEAD / "model.safetensors").stat().st_size < 5 * 2**20  # small enough to commit
+    assert (folder / "model.safetensors").stat().st_size < 5 * 2**20  # small enough to commit
 
 
-def test_head_is_for_the_pinned_pair(head):
+@pytest.mark.parametrize("decoding", COMMITTED)
+def test_head_is_for_the_pinned_pair(decoding):
     draft_name, target_name = PAIRS["qwen2.5-coder"]
-    config = head.config
+    config = PacerHead.from_pretrained(COMMITTED[decoding]).config
     assert config.draft_name_or_path == PINNED_MODELS[draft_name].hub_id
     assert config.target_name_or_path == PINNED_MODELS[target_name].hub_id
     assert (config.draft_hidden_size, config.vocab_size) == (QWEN_DRAFT_HIDDEN, QWEN_VOCAB)
-    assert config.decoding == "greedy"
+    assert config.decoding == decoding
     assert 0.0 < config.threshold < 1.0  # a chosen threshold, neither "never ask" nor "always stop"
 
 
@@ -98,13 +103,15 @@ def test_committed_head_refuses_another_hidden_size(head):
         target.generate(torch.tensor([[0, 3, 5]]), assistant_model=draft, pacer_head=head, max_new_tokens=4)
 
 
-def test_committed_card_renders(head):
-    card = ModelCard.load(DEFAULT_HEAD / "README.md")
+@pytest.mark.parametrize("decoding", COMMITTED)
+def test_committed_card_renders(decoding):
+    head = PacerHead.from_pretrained(COMMITTED[decoding])
+    card = ModelCard.load(COMMITTED[decoding] / "README.md")
     assert card.data.library_name == "pacer-hf"
     assert card.data.base_model == head.config.draft_name_or_path
     assert card.data.base_model_relation == "adapter"
-    assert "speculative-decoding" in card.data.tags
-    metrics = json.loads((DEFAULT_HEAD / "training_metrics.json").read_text())
+    assert {"speculative-decoding", decoding} <= set(card.data.tags)
+    metrics = json.loads((COMMITTED[decoding] / "training_metrics.json").read_text())
     fresh = head.generate_model_card(metrics=metrics)
     assert fresh.data.base_model == card.data.base_model
     assert "PACER head" in fresh.text and f"{head.config.threshold}" in fresh.text

@@ -80,6 +80,12 @@ def test_metrics_on_a_hand_checked_case():
     table = markdown_table({"environment": environment, "summary": {"s": summary}})
     assert "| s | fast | 15.00 | 2.00x | 2.00x | 2.11 | 1.70 | 1/2 | - |" in table
 
+    # A prompt that an interrupted run left without its `fast` record is left out of every figure.
+    cut = {**records[0], "prompt_id": "c", "wall_s": 100.0}
+    result = summarize(environment, records + [cut], quality=False)
+    assert result["summary"]["s"] == summary and result["left_out"] == [["s", "c"]]
+    assert "1 prompt(s) not finished by every method left out" in markdown_table(result)
+
 
 def test_humaneval_pass_at_1_runs_tests_in_a_subprocess():
     from eval.quality import humaneval_pass_at_1
@@ -90,3 +96,80 @@ def test_humaneval_pass_at_1_runs_tests_in_a_subprocess():
         [meta, meta, meta],
     )
     assert result["passed"] == [True, False, False]
+
+
+def _bench_args(tmp_path, *extra: str):
+    import argparse
+
+    from eval.run import add_arguments
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nclass Stack:\nimport os\n", encoding="utf-8")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--pair", "tiny", "--max-new-tokens", "5", "--fixed", "2", "--methods", "fixed-k2",
+                              "--out", str(tmp_path / "run"), *extra])
+
+
+def test_an_interrupted_bench_resumes_without_losing_or_mixing_records(tmp_path):
+    import json
+
+    from eval.report import load_records
+    from eval.run import run
+
+    prompts = str(tmp_path / "prompts.txt")
+    out = run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2"))
+    first = out.read_text().splitlines()
+    assert len(first) == 1 + 2 * 2  # environment, then 2 prompts x (autoregressive, fixed-k2)
+    with pytest.raises(ValueError, match="--resume"):  # a rerun must not wipe a finished run
+        run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2"))
+    with pytest.raises(ValueError, match="max_new_tokens: 5 there, 6 now"):
+        run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:3", "--max-new-tokens", "6", "--resume"))
+    assert out.read_text().splitlines() == first
+
+    # The run was cut short inside prompt 3: only one of its methods was written.
+    cut = dict(json.loads(first[1]), prompt_id="3", wall_s=-1.0)
+    out.write_text("\n".join(first + [json.dumps(cut)]) + "\n")
+    run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:3", "--resume"))
+    lines = out.read_text().splitlines()
+    assert lines[1:5] == first[1:5]  # finished prompts are kept as they were
+    environment, records = load_records(out)
+    assert environment["started"] == json.loads(first[0])["environment"]["started"]
+    assert len(environment["resumed"]) == 1 and environment["prompts"] == [f"{prompts}:0:3"]
+    assert sorted((r["prompt_id"], r["method"]) for r in records) == [
+        (p, m) for p in ("1", "2", "3") for m in ("autoregressive", "fixed-k2")
+    ]
+    assert all(r["wall_s"] > 0 for r in records)  # the cut-short record was dropped and redone
+
+
+def test_time_breakdown_recovers_known_costs_and_splits_the_gap_to_the_oracle(tmp_path):
+    from eval.breakdown import breakdown, markdown_table, plot
+
+    environment = {"mode": "greedy", "methods": ["autoregressive", "short", "long", "oracle"], "pair": "p",
+                   "dtype": "float32", "max_new_tokens": 12, "threads": 2}
+    round_s, draft_s, prefill = 0.2, 0.1, {"a": 1.0, "b": 3.0}
+    shapes = {"short": [1] * 8, "long": [5, 5, 5], "oracle": [3, 3, 2, 2], "autoregressive": []}
+    records = []
+    for prompt_id, prefill_s in prefill.items():
+        for method, lengths in shapes.items():
+            calls = len(lengths) + 1 if lengths else 12
+            drafts = sum(lengths)
+            wall = prefill_s + round_s * calls + draft_s * drafts if lengths else 0.25 * calls
+            records.append({"set": "s", "prompt_id": prompt_id, "method": method, "tokens": [0] * 12,
+                            "wall_s": wall, "target_calls": calls, "draft_forwards": drafts, "draft_lengths": lengths})
+    result = breakdown(environment, records + [{**records[1], "prompt_id": "cut"}])  # an unfinished prompt: left out
+    entry = result["sets"]["s"]
+    assert entry["model"]["round_s"] == pytest.approx(round_s)
+    assert entry["model"]["draft_s"] == pytest.approx(draft_s)
+    assert entry["model"]["prefill_s"] == pytest.approx(prefill)
+    assert entry["model"]["autoregressive_step_s"] == pytest.approx(0.25)
+    short, long = entry["methods"]["short"], entry["methods"]["long"]
+    assert list(entry["methods"]) == ["short", "long", "oracle"]
+    # `short` stops too early: 9 calls against the oracle's 5, 8 drafts against 10.
+    assert short["vs_oracle_s"]["calls_s"] == pytest.approx(4 * round_s)
+    assert short["vs_oracle_s"]["drafts_s"] == pytest.approx(-2 * draft_s)
+    assert long["vs_oracle_s"]["drafts_s"] == pytest.approx(5 * draft_s)
+    assert long["vs_oracle_s"]["rest_s"] == pytest.approx(0.0, abs=1e-9)
+    assert long["mean_draft_length"] == pytest.approx(5.0)
+    assert "| long |" in markdown_table(result)
+    assert plot(result, tmp_path / "breakdown").stat().st_size > 0
