@@ -58,6 +58,8 @@ def breakdown(environment: dict, records: list[dict]) -> dict:
     result: dict = {"environment": environment, "sets": {}}
     for set_name, rows in by_set.items():
         speculative = [r for r in rows if r["method"] != "autoregressive"]
+        if not speculative:
+            continue
         model = fit(speculative)
         plain = [r for r in rows if r["method"] == "autoregressive"]
         if plain:

@@ -104,14 +104,15 @@ def run(args: argparse.Namespace) -> Path:
         methods = {name: methods[name] for name in methods if name in args.methods or name == "autoregressive"}
     prompts: list[Prompt] = [p for spec in args.prompts for p in load_prompt_set(spec)]
 
-    warm_up = dataclasses.replace(pair, max_new_tokens=8)
-    for method in methods.values():
-        method(warm_up, encode(prompts[0].text))
-
+    # Before the warm-up, so that a refused overwrite or resume fails at once.
     out = args.out.with_suffix(".jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(methods)
     done = _start_records(out, {**environment(args), "methods": names}, resume=args.resume)
+    warm_up = dataclasses.replace(pair, max_new_tokens=8)
+    for method in methods.values():
+        method(warm_up, encode(prompts[0].text))
+
     with out.open("a", encoding="utf-8") as file:
         for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
             if (prompt.set_name, prompt.prompt_id) in done:
