@@ -102,13 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     collection = load_collection(args.data)
     runs = [Path(run) for run in args.runs]
     split = training_split(runs[0], collection)
-    rows = []
     for run in runs:
         if training_split(run, collection) != split:
             raise ValueError(f"`{run}` was validated on other prompts than `{runs[0]}`; compare runs of one split.")
-        rows.append(score_head(run.name, PacerHead.from_pretrained(run).eval(), collection, split, cost))
-    reference = PacerHead.from_pretrained(runs[0])
-    rows += entropy_rows(reference, args.entropy_thresholds, collection, split, cost)
+    heads = [PacerHead.from_pretrained(run).eval() for run in runs]
+    rows = [score_head(run.name, head, collection, split, cost) for run, head in zip(runs, heads)]
+    rows += entropy_rows(heads[0], args.entropy_thresholds, collection, split, cost)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps({"cost": vars(cost), "data": args.data, "rows": rows}, indent=2))

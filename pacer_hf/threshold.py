@@ -141,8 +141,7 @@ def simulate_decoding(labels: np.ndarray, policy: DraftPolicy, cost: CostModel, 
     from t, capped) has probability P(m) = y_t ... y_{t+m-1} (1 - y_{t+m}) (P(cap) = y_t ... y_{t+cap-1}); greedy
     labels are 0/1, so exactly one m is possible, sampling labels are acceptance probabilities. The policy drafts
     k tokens; then a = min(m, k) are accepted, the round yields a + 1 tokens and costs `cost.round_cost(k, calls)`,
-    and the
-    next round starts at t + a + 1. Expectations are propagated forward over the round starts.
+    and the next round starts at t + a + 1. Expectations are propagated forward over the round starts.
 
     Args:
         labels (`np.ndarray` of shape `(n,)`): acceptance label (greedy 0/1, or probability) of each position.
