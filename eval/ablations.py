@@ -6,8 +6,12 @@ temperature). The threshold is chosen per head and mode as `pacer-hf train` choo
 fixed draft length are the references under the same cost model, with the harness's training-free entropy stop
 (no head cost). This is a model of speed, not a timing: it ranks heads without spending a benchmark run on each.
 
-    python -m eval.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.476 \
-        --head-cost-ratio 0.01 --verify-cost-ratio 0.017 --out eval/results/ablations-qwen-bf16
+    python -m eval.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.526 \
+        --head-cost-ratio 0.010 --sampling-cost-ratio 0.648 --sampling-head-cost-ratio 0.017 \
+        --out eval/results/ablations-qwen-bf16
+
+A sampled draft token costs more than a greedy one (softmax and a draw over the vocabulary), so each mode is scored
+under its own costs (`python -m eval.costs` measures both inside generate()).
 """
 
 import argparse
@@ -24,7 +28,7 @@ MODES = ("greedy", "sampling")
 
 
 def score_head(
-    name: str, head: PacerHead, collection, split: tuple[list[int], list[int]], cost: CostModel
+    name: str, head: PacerHead, collection, split: tuple[list[int], list[int]], costs: dict[str, CostModel]
 ) -> dict:
     """Training and validation AUC, and expected speed-ups on the validation sequences under both label kinds."""
     train_sequences, val_sequences = split
@@ -34,7 +38,7 @@ def score_head(
         "train_auc": head_metrics(head, collection, train_sequences, decoding="greedy")["auc"],
     }
     for mode in MODES:
-        metrics, report = evaluate_head(head, collection, val_sequences, cost, decoding=mode)
+        metrics, report = evaluate_head(head, collection, val_sequences, costs[mode], decoding=mode)
         k, fixed = report.best_fixed
         row[mode] = {
             "auc": metrics["auc"], "ece": metrics["ece"], "threshold": report.best_threshold,
@@ -49,10 +53,10 @@ def training_split(run_dir: Path, collection) -> tuple[list[int], list[int]]:
     return split_sequences(collection, TrainingConfig(**run["training_config"]))
 
 
-def entropy_rows(reference: PacerHead, thresholds: list[float], collection, split, cost) -> list[dict]:
+def entropy_rows(reference: PacerHead, thresholds: list[float], collection, split, costs) -> list[dict]:
     """The training-free entropy stop of the harness (stop after a token whose draft entropy exceeds X nats)."""
     config = dataclasses.replace(reference.config, block_size=1, score_mode="block")
-    free = dataclasses.replace(cost, head=0.0)  # a rule on features the draft loop computes anyway
+    free = {mode: dataclasses.replace(cost, head=0.0) for mode, cost in costs.items()}  # features the loop has
     rows = []
     for threshold in thresholds:
         rule = EntropyStopHead(config, entropy_threshold=threshold).eval()
@@ -61,11 +65,12 @@ def entropy_rows(reference: PacerHead, thresholds: list[float], collection, spli
     return rows
 
 
-def to_markdown(rows: list[dict], cost: CostModel, data_dir: str) -> str:
+def to_markdown(rows: list[dict], costs: dict[str, CostModel], data_dir: str) -> str:
     lines = [
-        f"Expected speed-up over autoregressive on the validation prompts of `{data_dir}` (cost ratio c = "
-        f"{cost.draft:.3f}, head call {cost.head:.4f}, verification {cost.verify:.4f} per draft token, in target "
-        "forwards). Threshold chosen per head and mode.",
+        f"Expected speed-up over autoregressive on the validation prompts of `{data_dir}`; costs per drafted token, "
+        "head call and verified draft token, in rounds: "
+        + "; ".join(f"{mode} c = {c.draft:.3f}, head {c.head:.4f}, verify {c.verify:.4f}" for mode, c in costs.items())
+        + ". Threshold chosen per head and mode.",
         "",
         "| head | params | trained on | train AUC (greedy) | greedy: AUC | greedy: threshold | greedy: speed-up | "
         "sampling: AUC | sampling: threshold | sampling: speed-up |",
@@ -90,15 +95,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the collection the heads were trained on")
     parser.add_argument("--runs", nargs="+", required=True, help="output folders of `pacer-hf train`")
-    parser.add_argument("--cost-ratio", type=float, required=True, help="draft forward / target forward")
-    parser.add_argument("--head-cost-ratio", type=float, default=0.0, help="head call / target forward")
+    parser.add_argument("--cost-ratio", type=float, required=True, help="greedy: drafted token / round")
+    parser.add_argument("--head-cost-ratio", type=float, default=0.0, help="greedy: head call / round")
     parser.add_argument("--verify-cost-ratio", type=float, default=0.0,
-                        help="extra target time per verified draft token / target forward")
+                        help="extra target time per verified draft token / round (both modes)")
+    parser.add_argument("--sampling-cost-ratio", type=float, default=None,
+                        help="sampling: drafted token / round (default: --cost-ratio)")
+    parser.add_argument("--sampling-head-cost-ratio", type=float, default=None,
+                        help="sampling: head call / round (default: --head-cost-ratio)")
     parser.add_argument("--entropy-thresholds", type=float, nargs="*", default=[0.3, 0.6, 1.0, 1.5],
                         help="reference rows: the harness's training-free entropy stop at these thresholds (nats)")
     parser.add_argument("--out", required=True, help="output prefix: writes OUT.json and OUT.md")
     args = parser.parse_args(argv)
-    cost = CostModel(draft=args.cost_ratio, head=args.head_cost_ratio, verify=args.verify_cost_ratio)
+    greedy = CostModel(draft=args.cost_ratio, head=args.head_cost_ratio, verify=args.verify_cost_ratio)
+    costs = {"greedy": greedy, "sampling": dataclasses.replace(
+        greedy, **{k: v for k, v in (("draft", args.sampling_cost_ratio), ("head", args.sampling_head_cost_ratio))
+                   if v is not None})}
     collection = load_collection(args.data)
     runs = [Path(run) for run in args.runs]
     split = training_split(runs[0], collection)
@@ -106,12 +118,13 @@ def main(argv: list[str] | None = None) -> None:
         if training_split(run, collection) != split:
             raise ValueError(f"`{run}` was validated on other prompts than `{runs[0]}`; compare runs of one split.")
     heads = [PacerHead.from_pretrained(run).eval() for run in runs]
-    rows = [score_head(run.name, head, collection, split, cost) for run, head in zip(runs, heads)]
-    rows += entropy_rows(heads[0], args.entropy_thresholds, collection, split, cost)
+    rows = [score_head(run.name, head, collection, split, costs) for run, head in zip(runs, heads)]
+    rows += entropy_rows(heads[0], args.entropy_thresholds, collection, split, costs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps({"cost": vars(cost), "data": args.data, "rows": rows}, indent=2))
-    table = to_markdown(rows, cost, args.data)
+    Path(f"{out}.json").write_text(json.dumps({"costs": {m: vars(c) for m, c in costs.items()}, "data": args.data, "rows": rows},
+                                                  indent=2))
+    table = to_markdown(rows, costs, args.data)
     Path(f"{out}.md").write_text(table)
     print(table)
 

@@ -4,7 +4,9 @@
 
 Reports load time and peak memory, autoregressive tokens/s of each model alone, the median time of a k-token
 forward on a KV cache of 200 tokens (k = 1..9), the cost ratio c = draft forward / target forward at 1 token, and
-the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). JSON + Markdown table.
+the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). Then, with both models loaded,
+the costs as `pacer-hf train` measures them to pick a threshold, inside generate() for greedy and for sampling
+(`pacer_hf.measure_cost_model`: a drafted token and a head call, in rounds). JSON + Markdown table.
 """
 
 import argparse
@@ -12,18 +14,49 @@ import json
 import os
 import platform
 import resource
+import statistics
 import time
 from pathlib import Path
 
 import torch
 import transformers
+from transformers import DynamicCache
 
-from pacer_hf.models import PAIRS, load_model
+from pacer_hf import PacerHead, PacerHeadConfig, measure_cost_model
+from pacer_hf.models import PAIRS, load_model, load_pair
 from pacer_hf.prompts import chat_input_ids
-from pacer_hf.threshold import BENCHMARK_CONTEXT, median_forward_seconds
+from pacer_hf.threshold import BENCHMARK_CONTEXT
 
 # A typical code request: the autoregressive timing needs a realistic prompt, not random ids.
 PROMPT_FOR_TIMING = "Write a Python function that returns the n-th prime number, with a docstring."
+
+
+def median_forward_seconds(model: torch.nn.Module, ids: torch.LongTensor, new_tokens: int, repeats: int) -> float:
+    """Median time of a `new_tokens`-token forward on top of a KV cache of `BENCHMARK_CONTEXT` tokens."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :BENCHMARK_CONTEXT], past_key_values=cache, use_cache=True)
+        times = []
+        for _ in range(repeats + 2):  # the first two are warm-up
+            start = time.perf_counter()
+            model(ids[:, BENCHMARK_CONTEXT : BENCHMARK_CONTEXT + new_tokens], past_key_values=cache, use_cache=True,
+                  output_hidden_states=True)
+            times.append(time.perf_counter() - start)
+            cache.crop(-new_tokens)  # back to the context (crop takes a negative count in transformers 5)
+    return statistics.median(times[2:])
+
+
+def _costs_in_generate(pair: str, dtype: torch.dtype) -> dict[str, dict]:
+    """The pair's costs per decoding mode as `pacer-hf train` measures them, for a head of the committed shape."""
+    target, draft, _ = load_pair(pair, dtype)
+    costs = {}
+    for mode in ("greedy", "sampling"):
+        head = PacerHead(PacerHeadConfig(vocab_size=draft.config.vocab_size, block_size=1,
+                                         draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
+                                         decoding=mode))
+        costs[mode] = vars(measure_cost_model(draft, target, head))
+        print(mode, costs[mode])
+    return costs
 
 
 def _peak_rss_gib() -> float:
@@ -62,6 +95,7 @@ def main() -> None:
         print(role, json.dumps(entry))
         del model  # one model in memory at a time: the peak RSS of each is then its own
     result["models"] = models
+    result["in_generate"] = _costs_in_generate(args.pair, dtype)
     target_ms, draft_ms = models["target"]["forward_ms"], models["draft"]["forward_ms"]
     result["cost_ratio_c"] = draft_ms[1] / target_ms[1]
     result["target_verify_ratio"] = {k: target_ms[k + 1] / target_ms[1] for k in range(1, args.max_k)}
@@ -80,6 +114,9 @@ def main() -> None:
                      + " | ".join(f"{e['forward_ms'][k]:.1f}" for k in (2, 3, 5, 9) if k <= args.max_k) + " |")
     lines += ["", f"cost ratio c = draft fwd1 / target fwd1 = {result['cost_ratio_c']:.3f}; target fwd(k+1)/fwd1: "
               + ", ".join(f"k={k}: {v:.2f}" for k, v in result["target_verify_ratio"].items())]
+    lines += ["", "inside generate() (what `pacer-hf train` uses; in rounds): "
+              + "; ".join(f"{mode}: a drafted token c = {c['draft']:.3f}, a head call {c['head']:.4f}"
+                          for mode, c in result["in_generate"].items())]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

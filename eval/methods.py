@@ -55,6 +55,8 @@ class Pair:
         do_sample (`bool`): greedy (`False`) or sampling at temperature 1 with no truncation (`True`).
         entropy_threshold (`float`): entropy (nats) above which the `entropy` method stops drafting.
         fixed_draft_lengths (`tuple[int, ...]`): the k of the `fixed-k` methods.
+        pacer_thresholds (`tuple[float, ...]`): thresholds of extra `pacer@T` methods: the same head stopping at T
+            instead of its own threshold (e.g. thresholds chosen under two cost models, compared in one run).
     """
 
     target: torch.nn.Module
@@ -64,6 +66,7 @@ class Pair:
     do_sample: bool = False
     entropy_threshold: float = 1.0
     fixed_draft_lengths: tuple[int, ...] = (2, 4, 6, 8)
+    pacer_thresholds: tuple[float, ...] = ()
 
     def generation_kwargs(self) -> dict:
         sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
@@ -210,6 +213,18 @@ def pacer(pair: Pair, ids: torch.Tensor) -> RunRecord:
     return _timed(pair, "pacer", ids, assistant_model=pair.draft, pacer_head=pair.head)
 
 
+def pacer_at(threshold: float) -> Callable[[Pair, torch.Tensor], RunRecord]:
+    """The `pacer` head stopping at `threshold` instead of its own (the per-call `pacer_threshold` of generate())."""
+
+    def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
+        if pair.head is None:
+            raise ValueError("The `pacer@T` methods need a head: pass `--head` (a folder or Hub id).")
+        return _timed(pair, f"pacer@{threshold:g}", ids, assistant_model=pair.draft, pacer_head=pair.head,
+                      pacer_threshold=threshold)
+
+    return run
+
+
 class OracleCandidateGenerator(PacerCandidateGenerator):
     """Drafts exactly the tokens the target will accept: the ceiling of any stopping rule with this draft.
 
@@ -282,6 +297,7 @@ def registry(pair: Pair) -> dict[str, Callable[[Pair, torch.Tensor], RunRecord]]
     methods.update({"heuristic": heuristic, "confidence": confidence, "entropy": entropy})
     if pair.head is not None:
         methods["pacer"] = pacer
+        methods.update({f"pacer@{t:g}": pacer_at(t) for t in pair.pacer_thresholds})
     if not pair.do_sample:
         methods["oracle"] = oracle
     return methods

@@ -20,21 +20,29 @@ HUB_DIR=hub_cards/pacer-qwen2.5-coder-0.5b-to-1.5b
 pacer-hf collect --draft "$DRAFT" --target "$TARGET" --prompts humaneval:100:64 sharegpt:1000:2000 \
     --max-prompts "$MAX_PROMPTS" --output-dir "$DATA" --max-new-tokens 128 --shard-size 16
 
-# The first head measures the pair's costs on this machine; the others reuse them, so that they differ only in the head.
+# The first head of each decoding mode measures the pair's costs inside generate() on this machine (a sampled draft
+# token costs more than a greedy one); the other greedy heads reuse them, so that they differ only in the head.
 [ -f "$RUNS/attention-block1/config.json" ] ||
     pacer-hf train "$DATA" "$RUNS/attention-block1" --draft "$DRAFT" --target "$TARGET" --block-size 1
-read -r C H V < <(python -c "import json, sys; c = json.load(open(sys.argv[1]))['threshold']['cost']; \
-print(c['draft'], c['head'], c['verify'])" "$RUNS/attention-block1/training_metrics.json")
-COST=(--cost-ratio "$C" --head-cost-ratio "$H" --verify-cost-ratio "$V")
+[ -f "$RUNS/attention-block1-sampling/config.json" ] ||
+    pacer-hf train "$DATA" "$RUNS/attention-block1-sampling" --draft "$DRAFT" --target "$TARGET" --block-size 1 \
+        --decoding sampling
+cost() {  # the cost (draft, head or verify) that the run in $1 was trained with
+    python -c "import json, sys; print(json.load(open(sys.argv[1]))['threshold']['cost'][sys.argv[2]])" \
+        "$RUNS/$1/training_metrics.json" "$2"
+}
+COST=(--cost-ratio "$(cost attention-block1 draft)" --head-cost-ratio "$(cost attention-block1 head)"
+      --verify-cost-ratio "$(cost attention-block1 verify)")
 while read -r name options; do
     [ -f "$RUNS/$name/config.json" ] || pacer-hf train "$DATA" "$RUNS/$name" "${COST[@]}" $options
 done <<'RUNS'
 attention-block2 --block-size 2
 attention-block4 --block-size 4
 mlp-block1 --architecture mlp --block-size 1
-attention-block1-sampling --block-size 1 --decoding sampling
 RUNS
 python -m eval.ablations --data "$DATA" "${COST[@]}" --out eval/results/ablations-qwen-bf16 \
+    --sampling-cost-ratio "$(cost attention-block1-sampling draft)" \
+    --sampling-head-cost-ratio "$(cost attention-block1-sampling head)" \
     --runs "$RUNS/attention-block1" "$RUNS/attention-block2" "$RUNS/attention-block4" "$RUNS/mlp-block1" \
     "$RUNS/attention-block1-sampling"
 

@@ -43,13 +43,16 @@ def load_pair(name: str, dtype: torch.dtype):
     return target, draft, lambda text: chat_input_ids(tokenizer, text), tokenizer
 
 
-def environment(args: argparse.Namespace) -> dict:
+def environment(args: argparse.Namespace, head: PacerHead | None = None) -> dict:
     return {
         "torch": torch.__version__, "transformers": transformers.__version__, "pacer_hf": pacer_hf.__version__,
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(), "threads": torch.get_num_threads(), "dtype": args.dtype, "pair": args.pair,
         "mode": "sampling" if args.sample else "greedy", "max_new_tokens": args.max_new_tokens,
         "prompts": args.prompts, "head": str(args.head) if args.head else None,
+        # The head's settings too: a folder whose threshold was re-picked is another method, not the same one.
+        "head_config": {k: v for k, v in head.config.to_dict().items() if k != "pacer_hf_version"} if head else None,
+        "pacer_thresholds": args.pacer_thresholds,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -88,13 +91,18 @@ def _start_records(out: Path, env: dict, resume: bool) -> set[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> Path:
+    if args.pacer_thresholds and not args.head:
+        raise ValueError("`--pacer-thresholds` runs the `--head` at other thresholds: pass `--head` too.")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, draft, encode, tokenizer = load_pair(args.pair, dtype)
     head = PacerHead.from_pretrained(args.head).to(dtype=dtype) if args.head else None
+    for threshold in args.pacer_thresholds:
+        dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up
     pair = Pair(
         target, draft, head, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         entropy_threshold=args.entropy_threshold, fixed_draft_lengths=tuple(args.fixed),
+        pacer_thresholds=tuple(args.pacer_thresholds),
     )
     methods = registry(pair)
     if args.methods:
@@ -108,7 +116,7 @@ def run(args: argparse.Namespace) -> Path:
     out = args.out.with_suffix(".jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(methods)
-    done = _start_records(out, {**environment(args), "methods": names}, resume=args.resume)
+    done = _start_records(out, {**environment(args, head), "methods": names}, resume=args.resume)
     warm_up = dataclasses.replace(pair, max_new_tokens=8)
     for method in methods.values():
         method(warm_up, encode(prompts[0].text))
@@ -139,6 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", action="store_true", help="sample at temperature 1 (default: greedy)")
     parser.add_argument("--head", type=str, default=None, help="PACER head folder or Hub id (adds the `pacer` method)")
     parser.add_argument("--methods", nargs="*", help="run only these methods (autoregressive always runs)")
+    parser.add_argument("--pacer-thresholds", type=float, nargs="+", default=[],
+                        help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
     parser.add_argument("--fixed", type=int, nargs="+", default=[2, 4, 6, 8], help="k of the fixed-k methods")
     parser.add_argument("--entropy-threshold", type=float, default=1.0, help="nats; choose it on a separate split")
     parser.add_argument("--threads", type=int, default=2)

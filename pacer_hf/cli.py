@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace) -> int:
             head = PacerHead(head_config)
             check_pair_compatible(head.config, draft, target)
             cost = measure_cost_model(draft, target, head)
-            print(f"cost ratio c = {cost.draft:.3f}, head = {cost.head:.4f}, verify = {cost.verify:.4f}/token",
+            print(f"in generate(): a drafted token costs c = {cost.draft:.3f} rounds, a head call {cost.head:.4f}",
                   file=sys.stderr)
             del target, draft
         result = train(args.data_dir, args.output_dir, cost=cost, head_config=head_config, config=training,
@@ -218,23 +218,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser(
         "train", help="train a head on collected data and choose its threshold (works under `accelerate launch`)",
-        description="Set OMP_WAIT_POLICY=PASSIVE in the environment on small CPUs: the built-in cost micro-benchmark "
-        "is otherwise distorted by OpenMP spin-waits.",
+        description="Set OMP_WAIT_POLICY=PASSIVE in the environment on small CPUs: the built-in cost measurement "
+        "(timed generate() calls of the pair) is otherwise distorted by OpenMP spin-waits.",
     )
     train.add_argument("data_dir", help="a directory written by `pacer-hf collect`")
     train.add_argument("output_dir", help="where the head, its metrics, plot and checkpoints go")
-    train.add_argument("--cost-ratio", type=float, default=None, help="draft forward time / target forward time "
-                       "(one token each); measured on this machine with the collection's models when omitted")
+    train.add_argument("--cost-ratio", type=float, default=None, help="cost of one drafted token / fixed cost of a "
+                       "round (target forward + verification), as paid inside generate(); measured on this machine "
+                       "with the collection's models when omitted")
     train.add_argument("--head-cost-ratio", type=float, default=None, dest="head",
-                       help="head call time / target forward time, with --cost-ratio (default: "
+                       help="head call time / fixed cost of a round, with --cost-ratio (default: "
                        f"{CostModel.__dataclass_fields__['head'].default})")
     train.add_argument("--verify-cost-ratio", type=float, default=None, dest="verify",
-                       help="extra target time per verified draft token / target forward time, with --cost-ratio "
+                       help="extra target time per verified draft token / fixed cost of a round, with --cost-ratio "
                        f"(default: {CostModel.__dataclass_fields__['verify'].default})")
     train.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                       help="dtype of the models for the cost micro-benchmark (default: bfloat16)")
+                       help="dtype of the models for the cost measurement (default: bfloat16)")
     for role in ("draft", "target"):
-        train.add_argument(f"--{role}", default=None, help=f"{role} model for the cost micro-benchmark: Hub id, local "
+        train.add_argument(f"--{role}", default=None, help=f"{role} model for the cost measurement: Hub id, local "
                            f"path or pinned name (default: the collection's {role})")
     train.add_argument("--resume", action="store_true", help="continue the run in OUTPUT_DIR from its last checkpoint")
     _add_dataclass_options(train, PacerHeadConfig, _HEAD_OPTIONS)

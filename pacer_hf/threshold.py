@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from .config import PacerHeadConfig, log_threshold
 from .head import NUM_DISTRIBUTION_FEATURES, PacerHead, draft_distribution_features
@@ -37,15 +37,17 @@ DraftPolicy = Callable[[int, int, int], tuple[int, int]]
 
 @dataclass
 class CostModel:
-    """Costs of one round's parts relative to one target forward of one token (an autoregressive step).
+    """Costs of one round's parts relative to the fixed cost of a round: one target forward with its verification,
+    about one autoregressive step.
 
     A round that drafts k tokens and calls the head n times costs k·draft + (1 + k·verify) + n·head: the target
     verifies k + 1 tokens in one forward, which costs a little more than one token's forward on a CPU.
+    [`measure_cost_model`] measures all of a drafted token's cost inside `generate()` and puts it in `draft`.
 
     Args:
-        draft (`float`): c, one draft forward (one drafted token) / one target forward.
-        head (`float`, defaults to 0.0): one head call (features + head forward) / one target forward.
-        verify (`float`, defaults to 0.0): extra target-forward time per verified draft token / one target forward.
+        draft (`float`): c, one drafted token (draft forward and its processing) / the fixed cost of a round.
+        head (`float`, defaults to 0.0): one head call (features + head forward) / the fixed cost of a round.
+        verify (`float`, defaults to 0.0): extra verification time per draft token / the fixed cost of a round.
     """
 
     draft: float = field(metadata={"help": "Draft forward time / target forward time (c)."})
@@ -284,48 +286,68 @@ def plot_threshold_curve(report: ThresholdReport, path: str | Path) -> None:
 
 # ---- the cost model, measured ------------------------------------------------------------------------------------
 
+# Output lengths of the timed generate() calls: two, so that the fit separates the prefill from the rounds.
+TIMED_NEW_TOKENS = (4, 12)
 
-def median_forward_seconds(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, repeats: int) -> float:
-    """Median time of a `new_tokens`-token forward on top of a KV cache of `BENCHMARK_CONTEXT` tokens."""
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(ids[:, :BENCHMARK_CONTEXT], past_key_values=cache, use_cache=True)
-        times = []
-        for _ in range(repeats + 2):  # the first two are warm-up
-            start = time.perf_counter()
-            model(ids[:, BENCHMARK_CONTEXT : BENCHMARK_CONTEXT + new_tokens], past_key_values=cache, use_cache=True,
-                  output_hidden_states=True)
-            times.append(time.perf_counter() - start)
-            cache.crop(-new_tokens)  # back to the context (crop takes a negative count in transformers 5)
-    return statistics.median(times[2:])
+
+def _timed_generate(target: PreTrainedModel, draft: PreTrainedModel, head: PacerHead, ids: torch.LongTensor,
+                    new_tokens: int, draft_length: int) -> tuple[float, int, int]:
+    """Wall seconds, target calls and drafted tokens of one `generate()` in the head's decoding mode that drafts
+    exactly `draft_length` tokens per round (threshold 0: the head is never asked, so every round drafts to the cap)."""
+    start = time.perf_counter()
+    target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, pacer_head=head,
+                    pacer_threshold=0.0, pacer_block_size=1, pacer_max_draft=draft_length,
+                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    do_sample=head.config.decoding == "sampling")
+    seconds = time.perf_counter() - start
+    return seconds, head.last_stats.rounds, head.last_stats.drafted_tokens
 
 
 def measure_cost_model(
-    draft: PreTrainedModel, target: PreTrainedModel, head: PacerHead, repeats: int = 10
+    draft: PreTrainedModel, target: PreTrainedModel, head: PacerHead, repeats: int = 3
 ) -> CostModel:
-    """Micro-benchmark of the pair on this machine: median times of a 1-token draft forward, 1-token and
-    (`max_draft` // 2 + 1)-token target forwards (the slope gives `verify`) and one head call (features of a block +
-    the head over half of `max_draft` positions), each on a KV cache of `BENCHMARK_CONTEXT` tokens.
+    """Measures the pair's costs where they are paid: inside `target.generate(assistant_model=draft,
+    pacer_head=head)` on this machine, with per-step logits processing and Python.
+
+    `repeats` generations from `BENCHMARK_CONTEXT` random tokens for each of two constant draft lengths (1 and
+    `max(max_draft // 2, 2)` tokens per round) and two output lengths (`TIMED_NEW_TOKENS`), in the head's decoding
+    mode, are fitted by least squares to wall = prefill + rounds·R + drafted·D. R is the fixed cost of a round
+    (target forward and verification), D the cost of one drafted token (draft forward, its processing, and the
+    extra verification cost of one more token, so `verify` is 0 here). Costs are returned relative to R, the unit
+    of [`CostModel`]. The head's cost is a micro-benchmark of one call (features of a block + the head over half of
+    `max_draft` positions), since a threshold-0 round never asks the head.
 
     Set `OMP_WAIT_POLICY=PASSIVE` before starting Python on small CPUs, or OpenMP spin-waits make timings noisy.
+
+    Raises:
+        `ValueError`: if the timings are too noisy to give positive costs (pass the cost ratio by hand instead).
     """
     config = head.config
     generator = torch.Generator().manual_seed(0)
-    positions = max(config.max_draft // 2, 1)  # a typical round: half of W (the head scores the whole round so far)
-    ids = torch.randint(config.vocab_size, (1, BENCHMARK_CONTEXT + positions + 1), generator=generator)
-    draft_s = median_forward_seconds(draft, ids.to(draft.device), 1, repeats)
-    target_s = median_forward_seconds(target, ids.to(target.device), 1, repeats)
-    verify_s = median_forward_seconds(target, ids.to(target.device), positions + 1, repeats)
+    ids = torch.randint(config.vocab_size, (1, BENCHMARK_CONTEXT), generator=generator).to(target.device)
+    runs = []  # (wall seconds, rounds, drafted tokens)
+    for draft_length in (1, max(config.max_draft // 2, 2)):
+        _timed_generate(target, draft, head, ids, TIMED_NEW_TOKENS[0], draft_length)  # warm-up
+        runs += [_timed_generate(target, draft, head, ids, n, draft_length)
+                 for n in TIMED_NEW_TOKENS for _ in range(repeats)]
+    seconds, rounds, drafted = np.array(runs, dtype=float).T  # [runs] each
+    design = np.stack([np.ones_like(rounds), rounds, drafted], axis=1)  # [runs, 3]
+    (_, round_s, drafted_s), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+    if not (round_s > 0 and drafted_s > 0):
+        raise ValueError(
+            f"the timings of this machine were too noisy to measure the pair's costs (a round {1000 * round_s:.1f} "
+            f"ms, a drafted token {1000 * drafted_s:.1f} ms); run alone, or pass the cost ratio by hand."
+        )
     param = next(head.parameters())
+    positions = max(config.max_draft // 2, 1)  # a typical round: half of W (the head scores the whole round so far)
     hidden = torch.randn(1, positions, config.draft_hidden_size, generator=generator).to(param)  # [1, k, H]
     features = torch.randn(1, positions, NUM_DISTRIBUTION_FEATURES, generator=generator).to(param)  # [1, k, F]
     scores = torch.randn(1, config.block_size, config.vocab_size, generator=generator).to(draft.device)  # [1, b, V]
     head_times = []
     with torch.no_grad():
-        for _ in range(repeats + 2):
+        for _ in range(10 + 2):  # the first two are warm-up
             start = time.perf_counter()
             draft_distribution_features(scores, scores.argmax(dim=-1))  # one block's features per call
             head(hidden, features)
             head_times.append(time.perf_counter() - start)
-    return CostModel(draft=draft_s / target_s, head=statistics.median(head_times[2:]) / target_s,
-                     verify=max(verify_s - target_s, 0.0) / (positions * target_s))
+    return CostModel(draft=float(drafted_s / round_s), head=float(statistics.median(head_times[2:]) / round_s))

@@ -30,6 +30,18 @@ def test_every_method_gives_the_autoregressive_greedy_output(pair):
     assert sum(records["fixed-k4"].draft_lengths) == records["fixed-k4"].draft_forwards
 
 
+def test_pacer_at_other_thresholds_runs_the_same_head_with_other_stops(pair):
+    import dataclasses
+
+    methods = registry(dataclasses.replace(pair, pacer_thresholds=(0.0, 1.0)))
+    records = {name: methods[name](pair, PROMPT) for name in ("autoregressive", "pacer@0", "pacer@1")}
+    assert all(r.tokens == records["autoregressive"].tokens for r in records.values())
+    # Threshold 0 never stops a round, threshold 1 stops after every first block (block 2, max_draft 8).
+    assert set(records["pacer@0"].draft_lengths[:-3]) == {8}
+    assert set(records["pacer@1"].draft_lengths[:-3]) == {2}
+    assert pair.head.config.threshold == 0.5  # the head itself is untouched
+
+
 def test_drafting_settings_are_restored_after_each_method(pair):
     config = pair.draft.generation_config
     before = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
@@ -140,6 +152,31 @@ def test_an_interrupted_bench_resumes_without_losing_or_mixing_records(tmp_path)
         (p, m) for p in ("1", "2", "3") for m in ("autoregressive", "fixed-k2")
     ]
     assert all(r["wall_s"] > 0 for r in records)  # the cut-short record was dropped and redone
+
+
+def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_changed_head(tmp_path):
+    import dataclasses
+
+    from eval.report import load_records
+    from eval.run import load_pair, run
+
+    _, draft, _, _ = load_pair("tiny", torch.float32)
+    folder = tmp_path / "head"
+    make_head(draft, "random").save_pretrained(folder)
+    prompts = str(tmp_path / "prompts.txt")
+    args = ("--prompts", f"{prompts}:0:2", "--head", str(folder), "--methods", "pacer", "pacer@0.9")
+    with pytest.raises(ValueError, match="--head"):
+        run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2", "--pacer-thresholds", "0.9"))
+    out = run(_bench_args(tmp_path, *args, "--pacer-thresholds", "0.9"))
+    environment, records = load_records(out)
+    assert environment["methods"] == ["autoregressive", "pacer", "pacer@0.9"]
+    assert environment["head_config"]["threshold"] == 0.5
+    assert {r["method"] for r in records} == {"autoregressive", "pacer", "pacer@0.9"}
+    # The same folder with a re-picked threshold is another head: resuming would mix two methods under one name.
+    head = make_head(draft, "random")
+    head.save_pretrained(folder, config=dataclasses.replace(head.config, threshold=0.7))
+    with pytest.raises(ValueError, match="head_config"):
+        run(_bench_args(tmp_path, *args, "--pacer-thresholds", "0.9", "--resume"))
 
 
 def test_time_breakdown_recovers_known_costs_and_splits_the_gap_to_the_oracle(tmp_path):

@@ -14,6 +14,7 @@ from pacer_hf import PacerHead, PacerHeadConfig
 from pacer_hf.cli import main
 from pacer_hf.collection import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.collection import _totals, _write_shard, write_json_atomic
+import pacer_hf.threshold as threshold_module
 from pacer_hf.threshold import CostModel, choose_threshold, head_draft_lengths, measure_cost_model, simulate_decoding
 from pacer_hf.tiny_models import tiny_pair
 from pacer_hf.training import TrainingConfig, round_starts, train, window_logprobs, _Batcher
@@ -175,8 +176,35 @@ def test_threshold_zero_equals_fixed_max_draft():
 def test_measure_cost_model_on_tiny_models():
     target, draft = tiny_pair("llama", "noisy", seed=0)
     head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
-    cost = measure_cost_model(draft, target, head, repeats=3)
-    assert 0 < cost.draft < 10 and 0 < cost.head < 10 and 0 <= cost.verify < 10
+    cost = measure_cost_model(draft, target, head, repeats=2)
+    assert 0 < cost.draft < 10 and 0 < cost.head < 10 and cost.verify == 0
+    # The timed calls really drafted a constant length per round (threshold 0 never stops one).
+    lengths = head.last_stats.draft_lengths
+    assert lengths[0] == 4 and max(lengths) == 4
+
+
+def _fake_generate(round_s: float, drafted_s: float, prefill_s: float, rounds_seen: list):
+    """A `_timed_generate` whose wall time follows known costs: each round accepts nothing (random tokens)."""
+
+    def timed(target, draft, head, ids, new_tokens, draft_length):
+        rounds_seen.append(draft_length)
+        return prefill_s + new_tokens * (round_s + draft_length * drafted_s), new_tokens, new_tokens * draft_length
+
+    return timed
+
+
+def test_measure_cost_model_fits_round_and_drafted_token_costs(monkeypatch):
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
+    lengths = []
+    monkeypatch.setattr(threshold_module, "_timed_generate", _fake_generate(0.2, 0.1, 0.8, lengths))
+    cost = measure_cost_model(draft, target, head, repeats=2)
+    assert cost.draft == pytest.approx(0.5) and cost.verify == 0
+    assert sorted(set(lengths)) == [1, 4]  # a draft of 1 and of half of max_draft per round
+    # Timings where drafting looks free are noise: refused with a clear error, not turned into a threshold.
+    monkeypatch.setattr(threshold_module, "_timed_generate", _fake_generate(0.2, -0.01, 0.8, []))
+    with pytest.raises(ValueError, match="too noisy"):
+        measure_cost_model(draft, target, head, repeats=1)
 
 
 def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
@@ -254,6 +282,13 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys):
     assert row["greedy"]["speedup"] == pytest.approx(trained["best_speedup"])
     assert 0.0 < row["sampling"]["speedup"] <= row["sampling"]["oracle"] + 1e-9
     assert "| head (attention, block 2) |" in (tmp_path / "ablations.md").read_text()
+    # Sampled draft tokens cost more: the sampling columns use their own cost, the greedy ones are unchanged.
+    ablations.main(["--data", str(tmp_path / "data"), "--runs", str(tmp_path / "head"), "--cost-ratio", "0.3",
+                    "--sampling-cost-ratio", "0.6", "--out", str(tmp_path / "ablations-costly")])
+    costly = json.loads((tmp_path / "ablations-costly.json").read_text())
+    assert costly["costs"]["sampling"]["draft"] == 0.6 and costly["costs"]["greedy"]["draft"] == 0.3
+    assert costly["rows"][0]["greedy"] == row["greedy"]
+    assert costly["rows"][0]["sampling"]["oracle"] < row["sampling"]["oracle"]
 
     assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--dry-run", "--speedup", "humaneval=1.25"]) == 0
     out = capsys.readouterr()
