@@ -6,8 +6,8 @@ temperature). The threshold is chosen per head and mode as `pacer-hf train` choo
 fixed draft length are the references under the same cost model, with the harness's training-free entropy stop
 (no head cost). This is a model of speed, not a timing: it ranks heads without spending a benchmark run on each.
 
-    python -m eval.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.526 \
-        --head-cost-ratio 0.010 --sampling-cost-ratio 0.648 --sampling-head-cost-ratio 0.017 \
+    python -m eval.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.445 \
+        --head-cost-ratio 0.0063 --sampling-cost-ratio 0.558 --sampling-head-cost-ratio 0.0103 \
         --out eval/results/ablations-qwen-bf16
 
 A sampled draft token costs more than a greedy one (softmax and a draw over the vocabulary), so each mode is scored
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     rows += entropy_rows(heads[0], args.entropy_thresholds, collection, split, costs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps({"costs": {m: vars(c) for m, c in costs.items()}, "data": args.data, "rows": rows},
-                                                  indent=2))
+    result = {"costs": {mode: vars(cost) for mode, cost in costs.items()}, "data": args.data, "rows": rows}
+    Path(f"{out}.json").write_text(json.dumps(result, indent=2))
     table = to_markdown(rows, costs, args.data)
     Path(f"{out}.md").write_text(table)
     print(table)
