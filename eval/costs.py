@@ -51,9 +51,7 @@ def _costs_in_generate(pair: str, dtype: torch.dtype) -> dict[str, dict]:
     target, draft, _ = load_pair(pair, dtype)
     costs = {}
     for mode in ("greedy", "sampling"):
-        head = PacerHead(PacerHeadConfig(vocab_size=draft.config.vocab_size, block_size=1,
-                                         draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
-                                         decoding=mode))
+        head = PacerHead(PacerHeadConfig.for_draft(draft, block_size=1, decoding=mode))
         costs[mode] = vars(measure_cost_model(draft, target, head))
         print(mode, costs[mode])
     return costs

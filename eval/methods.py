@@ -194,10 +194,8 @@ class EntropyStopHead(PacerHead):
 
 
 def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
-    draft = pair.draft
-    return PacerHeadConfig(
-        vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
-        decoding="sampling" if pair.do_sample else "greedy",
+    return PacerHeadConfig.for_draft(
+        pair.draft, decoding="sampling" if pair.do_sample else "greedy",
         **{"block_size": 1, "max_draft": MAX_DRAFT, "threshold": 0.5, "score_mode": "block", **overrides},
     )
 
@@ -207,22 +205,20 @@ def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
     return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head)
 
 
-def pacer(pair: Pair, ids: torch.Tensor) -> RunRecord:
-    if pair.head is None:
-        raise ValueError("The `pacer` method needs a head: pass `--head` (a folder or Hub id).")
-    return _timed(pair, "pacer", ids, assistant_model=pair.draft, pacer_head=pair.head)
-
-
-def pacer_at(threshold: float) -> Callable[[Pair, torch.Tensor], RunRecord]:
-    """The `pacer` head stopping at `threshold` instead of its own (the per-call `pacer_threshold` of generate())."""
+def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecord]:
+    """The `--head` at its own threshold (`None`: method `pacer`), or stopping at `threshold` instead (method
+    `pacer@T`, through the per-call `pacer_threshold` of generate())."""
+    name = "pacer" if threshold is None else f"pacer@{threshold:g}"
 
     def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
         if pair.head is None:
-            raise ValueError("The `pacer@T` methods need a head: pass `--head` (a folder or Hub id).")
-        return _timed(pair, f"pacer@{threshold:g}", ids, assistant_model=pair.draft, pacer_head=pair.head,
-                      pacer_threshold=threshold)
+            raise ValueError(f"The `{name}` method needs a head: pass `--head` (a folder or Hub id).")
+        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=pair.head, pacer_threshold=threshold)
 
     return run
+
+
+pacer = pacer_at(None)
 
 
 class OracleCandidateGenerator(PacerCandidateGenerator):

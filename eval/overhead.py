@@ -46,10 +46,7 @@ def run(args: argparse.Namespace) -> dict:
     for k in args.draft_lengths:
         # An untrained head always passes (see CONTINUE_LOGIT); threshold 0.5 keeps it running after every block.
         head = PacerHead(
-            PacerHeadConfig(
-                vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
-                block_size=args.block_size, max_draft=k, threshold=0.5,
-            )
+            PacerHeadConfig.for_draft(draft, block_size=args.block_size, max_draft=k, threshold=0.5)
         ).to(dtype=dtype)
         pair = Pair(target, draft, head, max_new_tokens=args.max_new_tokens)
         methods = {"stock": fixed(k), "pacer": pacer}

@@ -407,10 +407,8 @@ def collect(
     config = config if config is not None else CollectionConfig()
     if len(prompts) == 0:
         raise ValueError("`prompts` is empty; give at least one prompt.")
-    head = PacerHead(PacerHeadConfig(
-        vocab_size=draft.config.get_text_config().vocab_size,
-        draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
-        threshold=0.0, block_size=config.draft_length, max_draft=config.draft_length,  # fixed-length drafting
+    head = PacerHead(PacerHeadConfig.for_draft(
+        draft, threshold=0.0, block_size=config.draft_length, max_draft=config.draft_length,  # fixed-length drafting
     )).to(draft.device)
     check_pair_compatible(head.config, draft, target)
     output_dir = Path(output_dir)

@@ -120,6 +120,13 @@ class PacerHeadConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def for_draft(cls, draft: Any, **settings: Any) -> "PacerHeadConfig":
+        """A config sized for `draft` (its vocabulary and hidden size, read as `check_pair_compatible` reads them),
+        with the other fields from `settings`."""
+        return cls(vocab_size=draft.config.get_text_config().vocab_size,
+                   draft_hidden_size=draft.get_output_embeddings().weight.shape[1], **settings)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PacerHeadConfig":
         """Builds a config from a `config.json` dict: unknown keys warn once, missing required keys raise."""
         if not isinstance(data, dict):

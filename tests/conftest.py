@@ -21,9 +21,8 @@ def make_head(draft, kind: str = "always", block_size: int = 2, max_draft: int =
     threshold = {"always": 0.0, "never": 1.0, "random": 0.5}[kind]
     torch.manual_seed(seed)
     head = PacerHead(
-        PacerHeadConfig(
-            vocab_size=draft.config.vocab_size, draft_hidden_size=draft.get_output_embeddings().weight.shape[1],
-            draft_name_or_path=draft.config._name_or_path, block_size=block_size, max_draft=max_draft,
+        PacerHeadConfig.for_draft(
+            draft, draft_name_or_path=draft.config._name_or_path, block_size=block_size, max_draft=max_draft,
             threshold=threshold, **config,
         )
     )
