@@ -22,7 +22,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from pacer_hf import PacerHead, PacerHeadConfig, measure_cost_model
+from pacer_hf import PacerHead, PacerHeadConfig, measure_cost_model, prepack_linear_weights
 from pacer_hf.models import PAIRS, load_model, load_pair
 from pacer_hf.prompts import chat_input_ids
 from pacer_hf.threshold import BENCHMARK_CONTEXT
@@ -46,9 +46,12 @@ def median_forward_seconds(model: torch.nn.Module, ids: torch.LongTensor, new_to
     return statistics.median(times[2:])
 
 
-def _costs_in_generate(pair: str, dtype: torch.dtype) -> dict[str, dict]:
+def _costs_in_generate(pair: str, dtype: torch.dtype, prepack: bool) -> dict[str, dict]:
     """The pair's costs per decoding mode as `pacer-hf train` measures them, for a head of the committed shape."""
     target, draft, _ = load_pair(pair, dtype)
+    if prepack:
+        prepack_linear_weights(target)
+        prepack_linear_weights(draft)
     costs = {}
     for mode in ("greedy", "sampling"):
         head = PacerHead(PacerHeadConfig.for_draft(draft, block_size=1, decoding=mode))
@@ -67,6 +70,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--max-k", type=int, default=9)
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the autoregressive timing")
+    parser.add_argument("--prepack", action="store_true",
+                        help="time the models with prepacked oneDNN linear weights (pacer_hf.prepack_linear_weights)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("eval/results/costs"))
     args = parser.parse_args()
@@ -74,11 +79,14 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     result = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,
                               "dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": platform.machine(),
-                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "context": BENCHMARK_CONTEXT}}
+                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "context": BENCHMARK_CONTEXT,
+                              "prepack_linear_weights": args.prepack}}
     models = {}
     for role, name in zip(("draft", "target"), PAIRS[args.pair]):
         start = time.perf_counter()
         model, tokenizer = load_model(name, dtype=dtype)
+        if args.prepack:
+            prepack_linear_weights(model)
         entry = {"name": name, "load_s": time.perf_counter() - start, "peak_rss_gib": _peak_rss_gib()}
         ids = chat_input_ids(tokenizer, PROMPT_FOR_TIMING)
         model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
@@ -93,14 +101,15 @@ def main() -> None:
         print(role, json.dumps(entry))
         del model  # one model in memory at a time: the peak RSS of each is then its own
     result["models"] = models
-    result["in_generate"] = _costs_in_generate(args.pair, dtype)
+    result["in_generate"] = _costs_in_generate(args.pair, dtype, args.prepack)
     target_ms, draft_ms = models["target"]["forward_ms"], models["draft"]["forward_ms"]
     result["cost_ratio_c"] = draft_ms[1] / target_ms[1]
     result["target_verify_ratio"] = {k: target_ms[k + 1] / target_ms[1] for k in range(1, args.max_k)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     lines = [
-        f"Pair `{args.pair}`, {args.dtype}, {torch.get_num_threads()} threads, KV cache of {BENCHMARK_CONTEXT} tokens",
+        f"Pair `{args.pair}`, {args.dtype}, {torch.get_num_threads()} threads, KV cache of {BENCHMARK_CONTEXT} tokens"
+        + (", prepacked oneDNN linear weights" if args.prepack else ", torch's stock linear kernels"),
         "",
         "| model | load s | peak RSS GiB | AR tokens/s | fwd1 ms | " + " | ".join(f"fwd{k} ms" for k in (2, 3, 5, 9)
                                                                             if k <= args.max_k) + " |",

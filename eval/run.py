@@ -22,7 +22,7 @@ import transformers
 from tqdm.auto import tqdm
 
 import pacer_hf
-from pacer_hf import PacerHead
+from pacer_hf import PacerHead, prepack_linear_weights
 
 from .methods import Pair, registry
 from .report import finished_prompts, load_records
@@ -54,6 +54,8 @@ def environment(args: argparse.Namespace, head: PacerHead | None = None) -> dict
         "head_config": {k: v for k, v in head.config.to_dict().items() if k != "pacer_hf_version"} if head else None,
         "pacer_thresholds": args.pacer_thresholds,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
+        # Only when set, so that records from before the option still resume.
+        **({"prepack_linear_weights": True} if args.prepack else {}),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -96,6 +98,9 @@ def run(args: argparse.Namespace) -> Path:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, draft, encode, tokenizer = load_pair(args.pair, dtype)
+    if args.prepack:  # both models, so every method (autoregressive too) runs on the same kernels
+        prepack_linear_weights(target)
+        prepack_linear_weights(draft)
     head = PacerHead.from_pretrained(args.head).to(dtype=dtype) if args.head else None
     for threshold in args.pacer_thresholds:
         dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up
@@ -151,6 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
     parser.add_argument("--fixed", type=int, nargs="+", default=[2, 4, 6, 8], help="k of the fixed-k methods")
     parser.add_argument("--entropy-threshold", type=float, default=1.0, help="nats; choose it on a separate split")
+    parser.add_argument("--prepack", action="store_true",
+                        help="run both models' linear layers on prepacked oneDNN weights (pacer_hf.prepack_linear_weights)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("eval/results/run"))

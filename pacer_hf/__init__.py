@@ -23,6 +23,7 @@ from ._version import __version__
 from .candidate_generator import PacerCandidateGenerator
 from .collection import CollectionConfig, collect, load_collection
 from .config import PacerHeadConfig
+from .cpu_linear import PrepackedLinear, prepack_linear_weights
 from .generation import (
     disable_pacer,
     enable_pacer,
@@ -47,6 +48,7 @@ __all__ = [
     "PacerHead",
     "PacerHeadConfig",
     "PacerStats",
+    "PrepackedLinear",
     "Prompt",
     "ThresholdReport",
     "TrainResult",
@@ -63,6 +65,7 @@ __all__ = [
     "load_prompt_set",
     "measure_cost_model",
     "patch_transformers",
+    "prepack_linear_weights",
     "push",
     "train",
     "unpatch_transformers",

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .config import PacerHeadConfig
+from .cpu_linear import prepack_linear_weights
 from .head import PacerHead
 from .tiny_models import tiny_pair
 
@@ -42,6 +43,7 @@ def run_demo(
     dtype: str = "float32",
     max_new_tokens: int = 64,
     prompts: tuple[str, ...] = DEMO_PROMPTS,
+    prepack: bool = True,
 ) -> bool:
     """Runs the real-pair demo and prints what happened. Returns whether every PACER output equals plain greedy.
 
@@ -53,6 +55,9 @@ def run_demo(
             own assisted generation).
         max_new_tokens (`int`): new tokens per prompt.
         prompts (`tuple[str, ...]`): user turns, wrapped in the chat template.
+        prepack (`bool`): run both models' linear layers on prepacked oneDNN weights
+            ([`prepack_linear_weights`]) when this torch has oneDNN, for plain and PACER decoding alike; `False` keeps
+            torch's stock kernels.
     """
     from .models import load_pair
     from .prompts import chat_input_ids
@@ -64,11 +69,16 @@ def run_demo(
         )
     torch_dtype = getattr(torch, dtype)
     target, draft, tokenizer = load_pair(pair, dtype=torch_dtype)
+    prepack = prepack and torch.backends.mkldnn.is_available()  # a torch without oneDNN keeps its own kernels
+    if prepack:
+        prepack_linear_weights(target)
+        prepack_linear_weights(draft)
     pacer_head = PacerHead.from_pretrained(str(head)).to(dtype=torch_dtype).eval()
     print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype}, "
           f"{torch.get_num_threads()} threads; head {head} ({pacer_head.num_parameters:,} params, "
           f"{pacer_head.config.architecture}, block {pacer_head.config.block_size}, threshold "
-          f"{pacer_head.config.threshold:.3f}, max draft {pacer_head.config.max_draft})")
+          f"{pacer_head.config.threshold:.3f}, max draft {pacer_head.config.max_draft}); linear layers: "
+          + ("prepacked oneDNN weights (both models)" if prepack else "torch's stock kernels"))
 
     assisted = {"assistant_model": draft, "pacer_head": pacer_head}
     warm = chat_input_ids(tokenizer, "Hi")

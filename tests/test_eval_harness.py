@@ -179,6 +179,24 @@ def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_chan
         run(_bench_args(tmp_path, *args, "--pacer-thresholds", "0.9", "--resume"))
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_bench_prepack_runs_every_method_on_prepacked_models_and_does_not_mix_with_stock_runs(tmp_path):
+    from eval.report import load_records
+    from eval.run import run
+
+    prompts = str(tmp_path / "prompts.txt")
+    args = ("--prompts", f"{prompts}:0:2", "--methods", "fixed-k2", "heuristic")
+    out = run(_bench_args(tmp_path, *args, "--prepack"))
+    environment, records = load_records(out)
+    assert environment["prepack_linear_weights"] is True
+    tokens = {}
+    for record in records:
+        tokens.setdefault(record["prompt_id"], {})[record["method"]] = record["tokens"]
+    assert all(len({tuple(t) for t in by_method.values()}) == 1 for by_method in tokens.values())
+    with pytest.raises(ValueError, match="prepack_linear_weights"):  # stock kernels would be another run
+        run(_bench_args(tmp_path, *args, "--resume"))
+
+
 def test_time_breakdown_recovers_known_costs_and_splits_the_gap_to_the_oracle(tmp_path):
     from eval.breakdown import breakdown, markdown_table, plot
 
