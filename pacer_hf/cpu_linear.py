@@ -39,6 +39,17 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _refuse_unsupported(model: nn.Module, names: list[str]) -> None:
+    # A function of its own so that no local keeps a dense weight alive during the replacement.
+    for name in names:
+        weight = model.get_submodule(name).weight
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(
+                f"prepack_linear_weights is for CPU float32/bfloat16 models; `{name}` is {weight.dtype} on "
+                f"{weight.device}. Nothing was changed."
+            )
+
+
 def prepack_linear_weights(model: nn.Module) -> int:
     """Replaces every `nn.Linear` of `model` by a [`PrepackedLinear`], in place, and returns how many it replaced.
 
@@ -53,13 +64,7 @@ def prepack_linear_weights(model: nn.Module) -> int:
         raise ValueError("prepack_linear_weights needs a torch built with oneDNN (mkldnn), as the x86 CPU wheels are.")
     # The model's own submodules (`name` is empty for `model` itself, which has no parent to hold a replacement).
     names = [name for name, module in model.named_modules() if name and type(module) is nn.Linear]
-    for name in names:
-        weight = model.get_submodule(name).weight
-        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(
-                f"prepack_linear_weights is for CPU float32/bfloat16 models; `{name}` is {weight.dtype} on "
-                f"{weight.device}. Nothing was changed."
-            )
+    _refuse_unsupported(model, names)
     # One layer at a time, holding no other reference: each dense weight is released as soon as it is replaced, so
     # memory peaks at the model plus one layer, not two models.
     for name in names:

@@ -52,6 +52,7 @@ def test_prepacked_draft_keeps_its_identity_for_heads():
     assert isinstance(draft.get_output_embeddings(), PrepackedLinear)
     assert PacerHeadConfig.for_draft(draft) == config_before  # sizes read off the lm_head's weight still hold
     check_pair_compatible(make_head(draft).config, draft, target)
+    assert prepack_linear_weights(draft) == 0  # a second call finds nothing left to prepack
 
 
 def test_tied_lm_head_keeps_the_embedding():
