@@ -50,8 +50,7 @@ def _costs_in_generate(pair: str, dtype: torch.dtype, prepack: bool) -> dict[str
     """The pair's costs per decoding mode as `pacer-hf train` measures them, for a head of the committed shape."""
     target, draft, _ = load_pair(pair, dtype)
     if prepack:
-        prepack_linear_weights(target)
-        prepack_linear_weights(draft)
+        prepack_linear_weights(target, draft)
     costs = {}
     for mode in ("greedy", "sampling"):
         head = PacerHead(PacerHeadConfig.for_draft(draft, block_size=1, decoding=mode))

@@ -99,8 +99,7 @@ def run(args: argparse.Namespace) -> Path:
     dtype = getattr(torch, args.dtype)
     target, draft, encode, tokenizer = load_pair(args.pair, dtype)
     if args.prepack:  # both models, so every method (autoregressive too) runs on the same kernels
-        prepack_linear_weights(target)
-        prepack_linear_weights(draft)
+        prepack_linear_weights(target, draft)
     head = PacerHead.from_pretrained(args.head).to(dtype=dtype) if args.head else None
     for threshold in args.pacer_thresholds:
         dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up

@@ -39,6 +39,11 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _linear_names(model: nn.Module) -> list[str]:
+    # The model's own submodules (`name` is empty for `model` itself, which has no parent to hold a replacement).
+    return [name for name, module in model.named_modules() if name and type(module) is nn.Linear]
+
+
 def _refuse_unsupported(model: nn.Module, names: list[str]) -> None:
     # A function of its own so that no local keeps a dense weight alive during the replacement.
     for name in names:
@@ -50,25 +55,28 @@ def _refuse_unsupported(model: nn.Module, names: list[str]) -> None:
             )
 
 
-def prepack_linear_weights(model: nn.Module) -> int:
-    """Replaces every `nn.Linear` of `model` by a [`PrepackedLinear`], in place, and returns how many it replaced.
+def prepack_linear_weights(*models: nn.Module) -> int:
+    """Replaces every `nn.Linear` of each of `models` (say a target and its draft) by a [`PrepackedLinear`], in
+    place, and returns how many it replaced.
 
     Only for inference on CPU in float32 or bfloat16 (see the module's docstring for what it gains and costs). A
     weight shared with another module (a tied `lm_head`) is copied into the new layout, the other module keeps the
     original; an untied weight is released.
 
     Raises:
-        `ValueError`: if this torch has no oneDNN, or a linear layer is not a CPU float32/bfloat16 layer.
+        `ValueError`: if this torch has no oneDNN, or a linear layer of any of `models` is not a CPU
+            float32/bfloat16 layer (then no model is changed).
     """
     if not torch.backends.mkldnn.is_available():
         raise ValueError("prepack_linear_weights needs a torch built with oneDNN (mkldnn), as the x86 CPU wheels are.")
-    # The model's own submodules (`name` is empty for `model` itself, which has no parent to hold a replacement).
-    names = [name for name, module in model.named_modules() if name and type(module) is nn.Linear]
-    _refuse_unsupported(model, names)
+    names = [_linear_names(model) for model in models]
+    for model, model_names in zip(models, names):
+        _refuse_unsupported(model, model_names)
     # One layer at a time, holding no other reference: each dense weight is released as soon as it is replaced, so
-    # memory peaks at the model plus one layer, not two models.
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, PrepackedLinear(getattr(parent, child)))
-    return len(names)
+    # memory peaks at the models plus one layer, not twice the models.
+    for model, model_names in zip(models, names):
+        for name in model_names:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, child, PrepackedLinear(getattr(parent, child)))
+    return sum(map(len, names))

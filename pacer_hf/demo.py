@@ -71,8 +71,7 @@ def run_demo(
     target, draft, tokenizer = load_pair(pair, dtype=torch_dtype)
     prepack = prepack and torch.backends.mkldnn.is_available()  # a torch without oneDNN keeps its own kernels
     if prepack:
-        prepack_linear_weights(target)
-        prepack_linear_weights(draft)
+        prepack_linear_weights(target, draft)
     pacer_head = PacerHead.from_pretrained(str(head)).to(dtype=torch_dtype).eval()
     print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype}, "
           f"{torch.get_num_threads()} threads; head {head} ({pacer_head.num_parameters:,} params, "

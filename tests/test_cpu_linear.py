@@ -36,8 +36,7 @@ def test_prepacked_model_matches_stock_logits(arch, dtype):
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_pacer_on_a_prepacked_pair_equals_its_plain_greedy(arch, head_kind):
     target, draft = tiny_pair(arch, "noisy", seed=0)
-    prepack_linear_weights(target)
-    prepack_linear_weights(draft)
+    prepack_linear_weights(target, draft)
     plain = target.generate(PROMPT, max_new_tokens=21, do_sample=False)
     head = make_head(draft, head_kind, block_size=2, max_draft=8)
     out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=21, do_sample=False)
@@ -79,3 +78,10 @@ def test_untied_dense_weights_are_released():
     prepack_linear_weights(model)
     gc.collect()
     assert all(ref() is None for ref in dense)  # no second copy of the model stays behind
+
+
+def test_one_unsupported_model_leaves_the_other_unchanged():
+    good, bad = tiny_model("qwen2", seed=0), tiny_model("llama", seed=0).to(torch.float16)
+    with pytest.raises(ValueError, match="Nothing was changed"):
+        prepack_linear_weights(good, bad)
+    assert not any(isinstance(m, PrepackedLinear) for m in good.modules())
