@@ -13,7 +13,9 @@ and `prefill[p]` a per-prompt constant (the prompt's forwards in both models). A
 the fit (its target calls verify nothing) and shown with its own seconds per step. The mean `rest` of a method is what it costs
 beyond that model: the PACER head's calls and its Python, or a saving. Then, against the oracle (which drafts exactly
 up to the first rejection), each method's extra seconds per prompt split into extra target calls (stopping too
-early), extra draft forwards (drafting too far) and its rest. Only prompts every method finished are used.
+early), extra draft forwards (drafting too far) and its rest. The rest is a residual of the fit, not a measured
+cost; beside it, `head` is the stop rule's own time as `generate()` measured it (`head_s` of the records of methods
+in pacer-hf's draft loop; "-" where a method's records lack it). Only prompts every method finished are used.
 Writes `<out>.json`, `<out>.md` and `<out>.png` (the modelled parts stacked, the measured time marked).
 """
 
@@ -75,10 +77,13 @@ def breakdown(environment: dict, records: list[dict]) -> dict:
             entry["rounds"].append(len(record["draft_lengths"]))
             entry["drafted"].append(sum(record["draft_lengths"]))
             entry["tokens"].append(len(record["tokens"]))
+            entry["head_s"].append(record.get("head_s"))  # None outside pacer-hf's loop and in older records
         methods = {}
         for method in (m for m in environment["methods"] if m in per_method):
             entry = per_method[method]
+            head = entry.pop("head_s")
             mean = {key: statistics.mean(values) for key, values in entry.items()}
+            mean["head_s"] = None if None in head else statistics.mean(head)
             mean["mean_draft_length"] = mean["drafted"] / mean["rounds"] if mean["rounds"] else 0.0
             methods[method] = mean
         oracle = methods.get("oracle")
@@ -102,9 +107,9 @@ def markdown_table(result: dict) -> str:
             f"{1000 * model['draft_s']:.0f} ms, prefill {statistics.mean(model['prefill_s'].values()):.2f} s "
             f"(fit R² {model['r2']:.3f}); autoregressive: "
             f"{1000 * model.get('autoregressive_step_s', float('nan')):.0f} ms per step", "",
-            "| method | wall | target calls | draft forwards | rest | rounds | mean draft | "
+            "| method | wall | target calls | draft forwards | rest | head (measured) | rounds | mean draft | "
             "vs oracle: wall | calls | drafts | rest |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for method, m in entry["methods"].items():
             versus = m.get("vs_oracle_s")
@@ -112,7 +117,7 @@ def markdown_table(result: dict) -> str:
                 else "- | - | - | -"
             lines.append(
                 f"| {method} | {m['wall_s']:.2f} | {m['calls_s']:.2f} | {m['drafts_s']:.2f} | {m['rest_s']:+.2f} | "
-                f"{m['rounds']:.1f} | {m['mean_draft_length']:.2f} | {gap} |"
+                f"{'-' if m['head_s'] is None else format(m['head_s'], '.2f')} | {m['rounds']:.1f} | {m['mean_draft_length']:.2f} | {gap} |"
             )
         lines.append("")
     return "\n".join(lines)

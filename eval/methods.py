@@ -33,6 +33,8 @@ class RunRecord:
         draft_forwards (`int`): draft forwards.
         draft_lengths (`list[int]`): draft forwards of each round (empty for autoregressive decoding).
         excluded_s (`float`): untimed work inside `generate()` (the oracle's probes), already subtracted.
+        head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
+            `generate()` measures them in `head.last_stats`; `None` for methods outside pacer-hf's draft loop.
     """
 
     method: str
@@ -42,6 +44,7 @@ class RunRecord:
     draft_forwards: int
     draft_lengths: list[int] = field(default_factory=list)
     excluded_s: float = 0.0
+    head_s: float | None = None
 
 
 @dataclass
@@ -141,6 +144,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         target_calls=log.events.count("T"),
         draft_forwards=log.events.count("D"),
         draft_lengths=log.draft_lengths() if "assistant_model" in generate_kwargs else [],
+        head_s=generate_kwargs["pacer_head"].last_stats.head_time_s if "pacer_head" in generate_kwargs else None,
     )
 
 

@@ -28,6 +28,10 @@ def test_every_method_gives_the_autoregressive_greedy_output(pair):
     assert records["autoregressive"].target_calls == 30 and records["autoregressive"].draft_forwards == 0
     assert set(records["fixed-k4"].draft_lengths[:-3]) == {4}
     assert sum(records["fixed-k4"].draft_lengths) == records["fixed-k4"].draft_forwards
+    # The head's own time is measured where the head runs: in pacer-hf's draft loop, and only there.
+    assert records["pacer"].head_s > 0 and records["entropy"].head_s > 0
+    assert records["oracle"].head_s == 0.0  # threshold 0: the oracle never asks its head
+    assert records["confidence"].head_s is None and records["autoregressive"].head_s is None
 
 
 def test_pacer_at_other_thresholds_runs_the_same_head_with_other_stops(pair):
@@ -211,7 +215,8 @@ def test_time_breakdown_recovers_known_costs_and_splits_the_gap_to_the_oracle(tm
             drafts = sum(lengths)
             wall = prefill_s + round_s * calls + draft_s * drafts if lengths else 0.25 * calls
             records.append({"set": "s", "prompt_id": prompt_id, "method": method, "tokens": [0] * 12,
-                            "wall_s": wall, "target_calls": calls, "draft_forwards": drafts, "draft_lengths": lengths})
+                            "wall_s": wall, "target_calls": calls, "draft_forwards": drafts, "draft_lengths": lengths,
+                            **({"head_s": 0.01 * drafts} if method == "short" else {})})
     result = breakdown(environment, records + [{**records[1], "prompt_id": "cut"}])  # an unfinished prompt: left out
     entry = result["sets"]["s"]
     assert entry["model"]["round_s"] == pytest.approx(round_s)
@@ -226,5 +231,7 @@ def test_time_breakdown_recovers_known_costs_and_splits_the_gap_to_the_oracle(tm
     assert long["vs_oracle_s"]["drafts_s"] == pytest.approx(5 * draft_s)
     assert long["vs_oracle_s"]["rest_s"] == pytest.approx(0.0, abs=1e-9)
     assert long["mean_draft_length"] == pytest.approx(5.0)
-    assert "| long |" in markdown_table(result)
+    assert short["head_s"] == pytest.approx(0.08) and long["head_s"] is None  # measured, or unknown: never 0
+    table = markdown_table(result)
+    assert "| long | " in table and "| 0.08 |" in table
     assert plot(result, tmp_path / "breakdown").stat().st_size > 0
