@@ -10,11 +10,11 @@ Per prompt set, one least-squares fit over every (prompt, method) record of the 
 `round_s` is one target call with everything around it (verifying the drafts, logits processing, the generate
 loop's Python), `draft_s` one draft forward with everything around it (the head included, on average over methods),
 and `prefill[p]` a per-prompt constant (the prompt's forwards in both models). Autoregressive decoding is left out of
-the fit (its target calls verify nothing) and shown with its own seconds per step. The mean `rest` of a method is what it costs
-beyond that model: the PACER head's calls and its Python, or a saving. Then, against the oracle (which drafts exactly
-up to the first rejection), each method's extra seconds per prompt split into extra target calls (stopping too
+the fit (its target calls verify nothing) and shown with its own seconds per step. The mean `rest` of a method is
+what that model leaves unexplained, a cost or a saving. Then, against the oracle (which drafts exactly up to the
+first rejection), each method's extra seconds per prompt split into extra target calls (stopping too
 early), extra draft forwards (drafting too far) and its rest. The rest is a residual of the fit, not a measured
-cost; beside it, `head` is the stop rule's own time as `generate()` measured it (`head_s` of the records of methods
+cost; beside it, "head (measured)" is the stop rule's own time as `generate()` measured it (`head_s` of the records of methods
 in pacer-hf's draft loop; "-" where a method's records lack it). Only prompts every method finished are used.
 Writes `<out>.json`, `<out>.md` and `<out>.png` (the modelled parts stacked, the measured time marked).
 """
@@ -117,7 +117,8 @@ def markdown_table(result: dict) -> str:
                 else "- | - | - | -"
             lines.append(
                 f"| {method} | {m['wall_s']:.2f} | {m['calls_s']:.2f} | {m['drafts_s']:.2f} | {m['rest_s']:+.2f} | "
-                f"{'-' if m['head_s'] is None else format(m['head_s'], '.2f')} | {m['rounds']:.1f} | {m['mean_draft_length']:.2f} | {gap} |"
+                f"{'-' if m['head_s'] is None else format(m['head_s'], '.2f')} | {m['rounds']:.1f} | "
+                f"{m['mean_draft_length']:.2f} | {gap} |"
             )
         lines.append("")
     return "\n".join(lines)
