@@ -14,8 +14,9 @@ the fit (its target calls verify nothing) and shown with its own seconds per ste
 what that model leaves unexplained, a cost or a saving. Then, against the oracle (which drafts exactly up to the
 first rejection), each method's extra seconds per prompt split into extra target calls (stopping too
 early), extra draft forwards (drafting too far) and its rest. The rest is a residual of the fit, not a measured
-cost; beside it, "head (measured)" is the stop rule's own time as `generate()` measured it (`head_s` of the records of methods
-in pacer-hf's draft loop; "-" where a method's records lack it). Only prompts every method finished are used.
+cost; beside it, "head (measured)" is the stop rule's own time as `generate()` measured it (`head_s` of the
+records of methods in pacer-hf's draft loop; "-" where a method's records lack it). Only prompts every method
+finished are used.
 Writes `<out>.json`, `<out>.md` and `<out>.png` (the modelled parts stacked, the measured time marked).
 """
 
