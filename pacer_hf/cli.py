@@ -96,6 +96,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .collection import read_manifest
     from .config import PacerHeadConfig
+    from .cpu_linear import prepack_linear_weights
     from .head import PacerHead, check_pair_compatible
     from .models import load_model
     from .threshold import CostModel, measure_cost_model
@@ -109,6 +110,8 @@ def _train(args: argparse.Namespace) -> int:
             **_dataclass_kwargs(args, _HEAD_OPTIONS),
         )
         if args.cost_ratio is not None:
+            if args.prepack:
+                raise ValueError("--prepack applies to the cost measurement, which --cost-ratio skips; pass one.")
             cost = CostModel(draft=args.cost_ratio, **_dataclass_kwargs(args, ("head", "verify")))
         else:
             print("measuring the cost ratio of the pair (pass --cost-ratio to skip)...", file=sys.stderr)
@@ -116,6 +119,8 @@ def _train(args: argparse.Namespace) -> int:
             draft, _ = load_model(args.draft or manifest["draft"]["name_or_path"], getattr(torch, args.dtype))
             head = PacerHead(head_config)
             check_pair_compatible(head.config, draft, target)
+            if args.prepack:
+                prepack_linear_weights(target, draft)
             cost = measure_cost_model(draft, target, head)
             print(f"in generate(): a drafted token costs c = {cost.draft:.3f} rounds, a head call {cost.head:.4f}",
                   file=sys.stderr)
@@ -236,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                        f"(default: {CostModel.__dataclass_fields__['verify'].default})")
     train.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                        help="dtype of the models for the cost measurement (default: bfloat16)")
+    train.add_argument("--prepack", action="store_true",
+                       help="measure the costs with prepacked oneDNN linear weights (pacer_hf.prepack_linear_weights), "
+                       "as the head will run if you generate with them")
     for role in ("draft", "target"):
         train.add_argument(f"--{role}", default=None, help=f"{role} model for the cost measurement: Hub id, local "
                            f"path or pinned name (default: the collection's {role})")

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eval import ablations
+from eval import ablations, headroom
 import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
-from pacer_hf import PacerHead, PacerHeadConfig
+from pacer_hf import PacerHead, PacerHeadConfig, PrepackedLinear
 from pacer_hf.cli import main
 from pacer_hf.collection import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.collection import _totals, _write_shard, write_json_atomic
@@ -250,7 +250,7 @@ def _save_tiny_pair_with_tokenizer(folder):
         tokenizer.save_pretrained(folder / name)
 
 
-def test_cli_collect_train_push_pipeline(tmp_path, capsys):
+def test_cli_collect_train_push_pipeline(tmp_path, capsys, monkeypatch):
     _save_tiny_pair_with_tokenizer(tmp_path)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(" ".join(f"w{(7 * i + j) % 95 + 1}" for j in range(6)) for i in range(8)) + "\n")
@@ -270,6 +270,25 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys):
     assert head.config.target_name_or_path == str(tmp_path / "target") and head.config.block_size == 2
     assert main(["train", str(tmp_path / "data"), str(tmp_path / "head"), "--cost-ratio", "0.3"]) == 1
     assert "already holds a training run" in capsys.readouterr().err
+    # --prepack: the cost measurement (timed by the tests above) runs on both models' prepacked weights.
+    if torch.backends.mkldnn.is_available():
+        prepacked = []
+
+        def measure(draft, target, head, **kwargs):
+            prepacked.append([any(isinstance(m, PrepackedLinear) for m in model.modules())
+                              for model in (draft, target)])
+            return CostModel(draft=0.3)
+
+        monkeypatch.setattr(threshold_module, "measure_cost_model", measure)
+        assert main(["train", str(tmp_path / "data"), str(tmp_path / "head-prepacked"), "--prepack", "--dtype",
+                     "float32", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--epochs",
+                     "1", "--head-hidden-size", "32", "--val-fraction", "0.25"]) == 0
+        assert prepacked == [[True, True]]
+        metrics = json.loads((tmp_path / "head-prepacked" / "training_metrics.json").read_text())
+        assert metrics["threshold"]["cost"]["draft"] == 0.3
+    assert main(["train", str(tmp_path / "data"), str(tmp_path / "head-other"), "--cost-ratio", "0.3",
+                 "--prepack"]) == 1
+    assert "--prepack applies to the cost measurement" in capsys.readouterr().err
 
     # The ablation report scores the head as training did (same split, same threshold search) and in the other mode.
     ablations.main(["--data", str(tmp_path / "data"), "--runs", str(tmp_path / "head"), "--cost-ratio", "0.3",
@@ -289,6 +308,20 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys):
     assert costly["costs"]["sampling"]["draft"] == 0.6 and costly["costs"]["greedy"]["draft"] == 0.3
     assert costly["rows"][0]["greedy"] == row["greedy"]
     assert costly["rows"][0]["sampling"]["oracle"] < row["sampling"]["oracle"]
+
+    # The headroom probe reads the draft's lm_head and scores the head as trained next to its stacks.
+    headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
+                   str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "6:10", "--cost-ratio", "0.3",
+                   "--out", str(tmp_path / "headroom")])
+    probe = json.loads((tmp_path / "headroom.json").read_text())
+    assert [r["candidate"] for r in probe["rows"]] == ["head as trained", *headroom.CANDIDATES]
+    assert probe["rows"][0]["threshold"] == head.config.threshold and probe["sequences"] == {"fit": 6, "eval": 4}
+    assert all(0.0 < r["speedup"] <= probe["oracle"] + 1e-9 for r in probe["rows"])
+    with pytest.raises(SystemExit):
+        headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
+                       str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "5:10", "--cost-ratio",
+                       "0.3", "--out", str(tmp_path / "overlap")])
+    assert "overlap" in capsys.readouterr().err
 
     assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--dry-run", "--speedup", "humaneval=1.25"]) == 0
     out = capsys.readouterr()
