@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pacer_hf import CostModel, PacerHead, load_collection
+from pacer_hf import CostModel, PacerHead, PacerHeadConfig, load_collection
 from pacer_hf.models import load_model
-from pacer_hf.threshold import choose_threshold
+from pacer_hf.threshold import ThresholdReport, choose_threshold
 from pacer_hf.training import _Batcher, calibration_metrics, round_starts, window_logprobs
 
 HISTORY_WINDOW = 32
@@ -124,7 +124,10 @@ def fit_stack(sequences: list[ScoredSequence], names: tuple[str, ...], width: in
     return weights.detach().numpy()
 
 
-def score(sequences: list[ScoredSequence], weights: np.ndarray, names: tuple[str, ...], config, cost: CostModel):
+def score(
+    sequences: list[ScoredSequence], weights: np.ndarray, names: tuple[str, ...], config: PacerHeadConfig,
+    cost: CostModel,
+) -> tuple[float, ThresholdReport]:
     """AUC of the stack on the positions rounds reach and its expected-speed report on `sequences`."""
     parts = [seq.round_examples(names, config.max_draft) for seq in sequences]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
