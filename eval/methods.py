@@ -35,6 +35,8 @@ class RunRecord:
         excluded_s (`float`): untimed work inside `generate()` (the oracle's probes), already subtracted.
         head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
             `generate()` measures them in `head.last_stats`; `None` for methods outside pacer-hf's draft loop.
+        phrases (`dict`, *optional*): phrase drafting's counts from `head.last_stats` (tokens offered to and
+            confirmed by the draft, tail tokens offered and accepted); `None` without phrases.
     """
 
     method: str
@@ -45,6 +47,7 @@ class RunRecord:
     draft_lengths: list[int] = field(default_factory=list)
     excluded_s: float = 0.0
     head_s: float | None = None
+    phrases: dict | None = None
 
 
 @dataclass
@@ -60,6 +63,8 @@ class Pair:
         fixed_draft_lengths (`tuple[int, ...]`): the k of the `fixed-k` methods.
         pacer_thresholds (`tuple[float, ...]`): thresholds of extra `pacer@T` methods: the same head stopping at T
             instead of its own threshold (e.g. thresholds chosen under two cost models, compared in one run).
+        prompt_lookup_lengths (`tuple[int, ...]`): the `prompt_lookup_num_tokens` of the `prompt-lookup-kN` methods
+            (transformers' prompt lookup decoding, n-grams of up to 2 tokens as its default).
     """
 
     target: torch.nn.Module
@@ -70,6 +75,7 @@ class Pair:
     entropy_threshold: float = 1.0
     fixed_draft_lengths: tuple[int, ...] = (2, 4, 6, 8)
     pacer_thresholds: tuple[float, ...] = ()
+    prompt_lookup_lengths: tuple[int, ...] = (10,)
 
     def generation_kwargs(self) -> dict:
         sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
@@ -137,6 +143,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         wall = time.perf_counter() - start
     finally:
         log.remove()
+    stats = generate_kwargs["pacer_head"].last_stats if "pacer_head" in generate_kwargs else None
     return RunRecord(
         method=method,
         tokens=out[0, ids.shape[1]:].tolist(),
@@ -144,7 +151,11 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         target_calls=log.events.count("T"),
         draft_forwards=log.events.count("D"),
         draft_lengths=log.draft_lengths() if "assistant_model" in generate_kwargs else [],
-        head_s=generate_kwargs["pacer_head"].last_stats.head_time_s if "pacer_head" in generate_kwargs else None,
+        head_s=stats.head_time_s if stats is not None else None,
+        phrases={
+            "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,
+            "tail_offered": sum(stats.tail_lengths), "tail_accepted": stats.tail_tokens_accepted,
+        } if generate_kwargs.get("pacer_phrases") else None,
     )
 
 
@@ -161,6 +172,16 @@ def fixed(k: int) -> Callable[[Pair, torch.Tensor], RunRecord]:
             assistant_confidence_threshold=0.0,
         ):
             return _timed(pair, f"fixed-k{k}", ids, assistant_model=pair.draft)
+
+    return run
+
+
+def prompt_lookup(num_tokens: int) -> Callable[[Pair, torch.Tensor], RunRecord]:
+    """transformers' prompt lookup decoding: up to `num_tokens` tokens copied from the prompt and output after the
+    latest match of the last 1-2 tokens, no draft model."""
+
+    def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
+        return _timed(pair, f"prompt-lookup-k{num_tokens}", ids, prompt_lookup_num_tokens=num_tokens)
 
     return run
 
@@ -225,6 +246,13 @@ def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecor
 pacer = pacer_at(None)
 
 
+def pacer_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    """The `--head` with phrase drafting (`pacer_phrases=True`): a fresh phrase pool for each prompt."""
+    if pair.head is None:
+        raise ValueError("The `pacer+phrases` method needs a head: pass `--head` (a folder or Hub id).")
+    return _timed(pair, "pacer+phrases", ids, assistant_model=pair.draft, pacer_head=pair.head, pacer_phrases=True)
+
+
 class OracleCandidateGenerator(PacerCandidateGenerator):
     """Drafts exactly the tokens the target will accept: the ceiling of any stopping rule with this draft.
 
@@ -251,7 +279,6 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
 
     def _probe_accepted_length(self, input_ids: torch.Tensor, cap: int, model_kwargs: dict) -> int:
         """Drafts `cap` tokens and lets the target judge them, then rolls both caches back."""
-        self._sync_cache(input_ids)
         tokens, _, _ = self._draft_blocks(input_ids, cap)  # block_size = max_draft: no head call
         sequence = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
         cache = model_kwargs["past_key_values"]
@@ -294,9 +321,12 @@ def registry(pair: Pair) -> dict[str, Callable[[Pair, torch.Tensor], RunRecord]]
     """All methods by name, in the order reports list them."""
     methods = {"autoregressive": autoregressive}
     methods.update({f"fixed-k{k}": fixed(k) for k in pair.fixed_draft_lengths})
-    methods.update({"heuristic": heuristic, "confidence": confidence, "entropy": entropy})
+    methods.update({"heuristic": heuristic, "confidence": confidence})
+    methods.update({f"prompt-lookup-k{n}": prompt_lookup(n) for n in pair.prompt_lookup_lengths})
+    methods["entropy"] = entropy
     if pair.head is not None:
         methods["pacer"] = pacer
+        methods["pacer+phrases"] = pacer_phrases
         methods.update({f"pacer@{t:g}": pacer_at(t) for t in pair.pacer_thresholds})
     if not pair.do_sample:
         methods["oracle"] = oracle

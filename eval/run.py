@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> Path:
     pair = Pair(
         target, draft, head, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         entropy_threshold=args.entropy_threshold, fixed_draft_lengths=tuple(args.fixed),
-        pacer_thresholds=tuple(args.pacer_thresholds),
+        pacer_thresholds=tuple(args.pacer_thresholds), prompt_lookup_lengths=tuple(args.prompt_lookup),
     )
     methods = registry(pair)
     if args.methods:
@@ -154,6 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pacer-thresholds", type=float, nargs="+", default=[],
                         help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
     parser.add_argument("--fixed", type=int, nargs="+", default=[2, 4, 6, 8], help="k of the fixed-k methods")
+    parser.add_argument("--prompt-lookup", type=int, nargs="*", default=[10],
+                        help="prompt_lookup_num_tokens of the prompt-lookup-kN methods (none: no prompt lookup)")
     parser.add_argument("--entropy-threshold", type=float, default=1.0, help="nats; choose it on a separate split")
     parser.add_argument("--prepack", action="store_true",
                         help="run both models' linear layers on prepacked oneDNN weights (pacer_hf.prepack_linear_weights)")

@@ -32,6 +32,7 @@ from .generation import (
     unpatch_transformers,
 )
 from .head import PacerHead, check_pair_compatible, draft_distribution_features
+from .phrases import PhrasePool
 from .hub import push
 from .prompts import Prompt, load_prompt_set
 from .stats import PacerStats
@@ -48,6 +49,7 @@ __all__ = [
     "PacerHead",
     "PacerHeadConfig",
     "PacerStats",
+    "PhrasePool",
     "PrepackedLinear",
     "Prompt",
     "ThresholdReport",

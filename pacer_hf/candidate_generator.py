@@ -15,6 +15,7 @@ from transformers.generation.logits_process import MinLengthLogitsProcessor
 
 from .config import PacerHeadConfig, log_threshold
 from .head import PacerHead, draft_distribution_features
+from .phrases import PhrasePool
 from .stats import PacerStats
 
 
@@ -42,6 +43,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         pacer_head (`PacerHead`): the head that decides when to stop drafting.
         config (`PacerHeadConfig`, *optional*): drafting settings; defaults to `pacer_head.config`.
         stats (`PacerStats`, *optional*): filled with per-round statistics.
+        phrases (`PhrasePool`, *optional*): turns on phrase drafting with this pool (see [`PhrasePool`]).
     """
 
     # The parent's online ROC re-fit of `assistant_confidence_threshold` and its `ConfidenceCriteria` are switched
@@ -61,6 +63,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         pacer_head: PacerHead,
         config: PacerHeadConfig | None = None,
         stats: PacerStats | None = None,
+        phrases: PhrasePool | None = None,
     ):
         if input_ids.shape[0] != 1:
             raise ValueError(
@@ -87,11 +90,16 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self._cache = DynamicCache(config=assistant_model.config)
         self._cache.activate_past_recording()  # lets sliding-window draft layers roll back past their window
         self._cached_ids = input_ids[:, :0].to(assistant_model.device)  # tokens whose keys/values are in the cache
-        self._forward_kwargs = {"logits_to_keep": 1} if assistant_model._supports_logits_to_keep() else {}
+        self._keeps_logits = assistant_model._supports_logits_to_keep()
         # Only a padded prompt needs an explicit mask; positions then follow the mask, as for the target.
         mask = self.assistant_kwargs.get("attention_mask")
         self._prompt_mask = mask if mask is not None and not bool(mask.all()) else None
         self._round_end = 0.0
+        self._num_forwards = 0
+        self._round_candidates: list[int] = []  # the tokens of the round in flight, drafted and tail
+        self.phrases = phrases
+        if phrases is not None:
+            phrases.start_sequence(input_ids[0].tolist())
 
     # ---- the transformers contract ------------------------------------------------------------------------
 
@@ -99,22 +107,37 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         """Drafts one round.
 
         Returns:
-            `candidate_input_ids` (`torch.LongTensor` of shape `(1, sequence_length + k)`) and the processed draft
-            logits each drafted token was drawn from (`torch.FloatTensor` of shape `(1, k, vocab_size)`), or
-            `(input_ids, None)` when the length limit leaves no room for a draft.
+            `candidate_input_ids` (`torch.LongTensor` of shape `(1, sequence_length + k)`) and, per candidate token,
+            the processed logits it was drawn from (`torch.FloatTensor` of shape `(1, k, vocab_size)`): the draft's
+            for drafted tokens, a one-hot row for a phrase tail. `(input_ids, None)` when the length limit leaves
+            no room for a draft.
         """
         input_ids = input_ids.to(self.assistant_model.device)
+        if self.phrases is not None:
+            self.phrases.extend(input_ids[0, self.phrases.sequence_length :].tolist())
         max_new_tokens = self._max_new_tokens(input_ids, **kwargs)
         if max_new_tokens <= 0:
-            self.stats.draft_lengths.append(0)
-            self._round_end = time.perf_counter()
+            self._end_round([], [], 0)
             return input_ids, None
-        self._sync_cache(input_ids)
+        forwards = self._num_forwards
         tokens, scores, stopped_by_head = self._draft_blocks(input_ids, max_new_tokens)
-        self.stats.draft_lengths.append(tokens.shape[1])
         self.stats.head_stops += int(stopped_by_head)
+        candidate_ids = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
+        tail = self._tail(candidate_ids) if tokens.shape[1] == self.config.max_draft else []
+        self._end_round(tokens[0].tolist(), tail, self._num_forwards - forwards)
+        if tail:
+            tail_ids = torch.tensor([tail], dtype=tokens.dtype, device=tokens.device)  # [1, e]
+            scores = torch.cat([scores, _one_hot_logits(tail_ids, scores.shape[-1])], dim=1)  # [1, k + e, V]
+            candidate_ids = torch.cat([candidate_ids, tail_ids], dim=-1)
+        return candidate_ids, scores
+
+    def _end_round(self, drafted: list[int], tail: list[int], forwards: int) -> None:
+        self.stats.draft_lengths.append(len(drafted))
+        self.stats.draft_forwards.append(forwards)
+        if self.phrases is not None:
+            self.stats.tail_lengths.append(len(tail))
+        self._round_candidates = drafted + tail
         self._round_end = time.perf_counter()
-        return torch.cat([input_ids, tokens], dim=-1), scores
 
     def _max_new_tokens(self, input_ids: torch.LongTensor, **kwargs) -> int:
         """The most tokens this round may draft: `max_draft`, within the target's length budget (the target adds one
@@ -125,36 +148,101 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         # Not the parent's: its `heuristic` schedule and ROC threshold are replaced by the head.
         self.stats.target_time_s += time.perf_counter() - self._round_end
         self.stats.accepted_lengths.append(int(num_matches))
+        if self.phrases is None:
+            return
+        drafted = self.stats.draft_lengths[-1]
+        self.stats.tail_tokens_accepted += max(0, int(num_matches) - drafted)
+        self._learn_phrases(input_ids, scores, int(num_matches))
+
+    def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        """Stores what a rejected round teaches (Ouroboros): the target's own tokens after the rejected candidate,
+        and the rejected candidates after the target's correction (often right, one token late).
+
+        `scores` `[1, k + 1, V]`: the target's processed logits at each candidate position of the round.
+        """
+        candidates = self._round_candidates  # k tokens
+        n = num_matches
+        if n >= len(candidates) or scores.shape[1] != len(candidates) + 1:
+            return  # all accepted (or cut by EOS/length): nothing was rejected
+        targets = scores[0, n + 1 :].argmax(dim=-1).tolist()  # target's choice after each rejected-branch prefix
+        # After candidate n (the rejected one) the target would say targets[0]; its next choices hold only while
+        # the rejected branch kept agreeing with it.
+        residue = [targets[0]]
+        for j in range(1, len(targets)):
+            if candidates[n + j] != targets[j - 1]:
+                break
+            residue.append(targets[j])
+        # input_ids ends with the accepted candidates and the target's correction of candidate n
+        self.phrases.add(input_ids[0, -4:-1].tolist() + candidates[n : n + 1], residue)
+        if n + 1 < len(candidates):
+            self.phrases.add(input_ids[0, -3:].tolist(), candidates[n + 1 :])
 
     # ---- one round ----------------------------------------------------------------------------------------
 
     def _draft_blocks(self, input_ids: torch.LongTensor, max_new_tokens: int) -> tuple[torch.LongTensor, torch.Tensor, bool]:
         """Drafts up to `max_new_tokens` tokens, one block at a time, until the head stops the round.
 
+        Each draft forward feeds the tokens the draft's cache lacks plus, with phrase drafting, a looked-up phrase
+        of m tokens. The draft then picks its token at each fed position exactly as it would alone (argmax, or a
+        sample from the processed q) and moves on to the next position only while its token equals the phrase's:
+        so one forward yields 1 to m + 1 tokens, each drawn from the draft's own q on the right prefix.
+
         Returns the drafted tokens `[1, k]`, their processed logits `[1, k, V]` and whether the head stopped.
         """
         block_size = self.config.block_size
         ids = input_ids  # [1, L + i]
         hidden, scores, features = [], [], []  # per drafted token: [1, H], [1, V]; per head call: [1, block, F]
-        for i in range(max_new_tokens):
+        while True:
             start = time.perf_counter()
-            logits, last_hidden = self._forward(ids)  # [1, V], [1, H]: the state that produces token i
-            step_scores = self._processors(ids, logits)  # [1, V]: q before sampling, as the target processes p
-            token = self._select(step_scores)  # [1, 1]
-            ids = torch.cat([ids, token], dim=-1)
-            hidden.append(last_hidden)
-            scores.append(step_scores)
-            self.stats.draft_time_s += time.perf_counter() - start
-            if self._eos is not None and bool(torch.isin(token, self._eos).any()):
-                break  # the target stops at EOS too: nothing after it can be accepted
-            drafted = i + 1
-            # After each full block, except the last one allowed, the head decides whether to draft another.
-            # The failed block itself is still verified: stopping only ends drafting, keeping sampling exact.
-            # (threshold 0 can never stop a round, so the head is not asked.)
-            if drafted % block_size == 0 and drafted < max_new_tokens and self._log_threshold > -math.inf:
-                if self._head_says_stop(hidden, scores, ids[:, -block_size:], features):
-                    return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), True
-        return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), False
+            phrase = self._phrase(ids, max_new_tokens - len(scores) - 1)  # m tokens
+            logits, fed_hidden = self._forward(ids, phrase)  # [1, m + 1, V], [1, m + 1, H]
+            for j in range(len(phrase) + 1):
+                if j:  # phrase token j - 1 was confirmed: this position's logits saw the right prefix
+                    start = time.perf_counter()
+                    self.stats.phrase_tokens_confirmed += 1
+                step_scores = self._processors(ids, logits[:, j])  # [1, V]: q before sampling, as the target's p
+                token = self._select(step_scores)  # [1, 1]
+                ids = torch.cat([ids, token], dim=-1)
+                hidden.append(fed_hidden[:, j])
+                scores.append(step_scores)
+                self.stats.draft_time_s += time.perf_counter() - start
+                if self._eos is not None and bool(torch.isin(token, self._eos).any()):
+                    return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), False  # the target stops too
+                drafted = len(scores)
+                if drafted == max_new_tokens:
+                    return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), False
+                # After each full block the head decides whether to draft another. The failed block itself is still
+                # verified: stopping only ends drafting, keeping sampling exact (threshold 0 never stops: not asked).
+                if drafted % block_size == 0 and self._log_threshold > -math.inf:
+                    if self._head_says_stop(hidden, scores, ids[:, -block_size:], features):
+                        return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), True
+                if j == len(phrase) or token.item() != phrase[j]:
+                    break  # the later fed positions saw the phrase's token, not the draft's: next forward
+
+    def _phrase(self, ids: torch.LongTensor, room: int) -> list[int]:
+        """The phrase to feed after `ids` (at most `room` and `config.phrase_length` tokens; none without a pool)."""
+        if self.phrases is None or room <= 0:
+            return []
+        phrase, _ = self.phrases.lookup(ids[0].tolist(), min(room, self.config.phrase_length))
+        self.stats.phrase_tokens_offered += len(phrase)
+        return phrase
+
+    def _tail(self, candidate_ids: torch.LongTensor) -> list[int]:
+        """Phrase tokens to append without the draft after a round that drafted `max_draft` tokens, cut after EOS
+        and to the length budget. Their candidate rows are one-hot: that is the distribution they were drawn from.
+        The look-up reads only the drafted tokens and the pool, never this round's target: a stopping time."""
+        room = min(self.config.phrase_tail, self.main_model_max_length - candidate_ids.shape[1] - 1)
+        if self.phrases is None or room <= 0:
+            return []
+        context = candidate_ids[0].tolist()
+        eos = set(self._eos.tolist()) if self._eos is not None else set()
+        if context[-1] in eos:
+            return []
+        tail, _ = self.phrases.lookup(context, room)
+        for i, token in enumerate(tail):
+            if token in eos:
+                return tail[: i + 1]
+        return tail
 
     def _head_says_stop(
         self, hidden: list[torch.Tensor], scores: list[torch.Tensor], block_tokens: torch.LongTensor, features: list
@@ -178,23 +266,29 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
 
     # ---- draft model plumbing -----------------------------------------------------------------------------
 
-    def _forward(self, ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feeds the tokens of `ids` the cache lacks; returns the last position's logits `[1, V]` (float32) and
-        post-norm hidden state `[1, H]`."""
+    def _forward(self, ids: torch.LongTensor, phrase: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feeds the tokens of `ids` the cache lacks, then the m tokens of `phrase`; returns the logits (float32)
+        and post-norm hidden states of the last token of `ids` and of each phrase token: `[1, m + 1, V]`,
+        `[1, m + 1, H]`. The phrase's keys and values stay cached; `_sync_cache` drops those the draft did not
+        confirm before the next forward."""
+        self._sync_cache(ids)
+        fed = torch.cat([ids, ids.new_tensor([phrase])], dim=-1) if phrase else ids  # [1, L + i + m]
         num_cached = self._cached_ids.shape[1]
-        kwargs = dict(self._forward_kwargs)
+        kwargs = {"logits_to_keep": len(phrase) + 1} if self._keeps_logits else {}
         if self._prompt_mask is not None:
-            pad = ids.shape[1] - self._prompt_mask.shape[1]
-            mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(1, pad)], dim=-1)  # [1, L + i]
+            pad = fed.shape[1] - self._prompt_mask.shape[1]
+            mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(1, pad)], dim=-1)  # [1, L + i + m]
             kwargs["attention_mask"] = mask
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)[:, num_cached:]
         out = self.assistant_model(
-            input_ids=ids[:, num_cached:], past_key_values=self._cache, use_cache=True, output_hidden_states=True,
+            input_ids=fed[:, num_cached:], past_key_values=self._cache, use_cache=True, output_hidden_states=True,
             **kwargs,
         )
-        self._cached_ids = ids
+        self._cached_ids = fed
+        self._num_forwards += 1
+        keep = len(phrase) + 1
         # hidden_states[-1] is the post-norm state that feeds the lm_head (transformers ties it to last_hidden_state)
-        return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -1, :]
+        return out.logits[:, -keep:, :].float(), out.hidden_states[-1][:, -keep:, :]
 
     def _select(self, scores: torch.Tensor) -> torch.LongTensor:
         """Picks the next draft token from processed logits `[1, V]` exactly as transformers' decoding does."""
@@ -204,7 +298,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
 
     def _sync_cache(self, input_ids: torch.LongTensor) -> None:
         """Rolls the draft cache back to the longest cached prefix that agrees with `input_ids`, always leaving at
-        least the last token to feed (its logits start the round)."""
+        least the last token to feed (its logits start the next draft forward)."""
         limit = min(self._cached_ids.shape[1], input_ids.shape[1] - 1)
         agree = self._cached_ids[0, :limit] == input_ids[0, :limit]
         common = limit if bool(agree.all()) else int(agree.long().argmin())
@@ -212,3 +306,10 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         if excess > 0:  # only crop(-n) with n > 0: crop(0) empties the cache in older transformers
             self._cache.crop(-excess)
         self._cached_ids = input_ids[:, :common]
+
+
+def _one_hot_logits(tokens: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+    """Logits `[1, e, V]` of the point mass on each of `tokens` `[1, e]`: 0 at the token, -inf elsewhere, so that
+    speculative sampling accepts a token x with probability p(x) and resamples from p without x otherwise."""
+    logits = torch.full((*tokens.shape, vocab_size), -math.inf, device=tokens.device)
+    return logits.scatter_(-1, tokens.unsqueeze(-1), 0.0)

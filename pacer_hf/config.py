@@ -56,6 +56,12 @@ class PacerHeadConfig:
         score_mode (`str`, defaults to `"round"`):
             `"round"`: pass score = product of the predicted acceptance probabilities of the whole round so far
             (the probability that the next block is reached at all). `"block"`: product over the last block only.
+        phrase_length (`int`, defaults to 8):
+            With phrase drafting (`generate(..., pacer_phrases=True)`): most phrase tokens fed to the draft beside its
+            own input in one forward, for it to confirm.
+        phrase_tail (`int`, defaults to 8):
+            With phrase drafting: most phrase tokens appended without the draft after a round that reached
+            `max_draft` (0: none). They are verified like drafted tokens, with one-hot candidate rows.
         decoding (`str`, defaults to `"greedy"`):
             The decoding mode whose acceptance labels the head was trained on (`"greedy"` or `"sampling"`).
         temperature (`float`, defaults to 1.0):
@@ -78,6 +84,8 @@ class PacerHeadConfig:
     threshold: float = field(default=0.5, metadata={"help": "Stop drafting when the pass score falls below this."})
     max_draft: int = field(default=16, metadata={"help": "Most draft tokens per round."})
     score_mode: str = field(default="round", metadata={"help": f"One of {SCORE_MODES}."})
+    phrase_length: int = field(default=8, metadata={"help": "Most phrase tokens the draft confirms per forward."})
+    phrase_tail: int = field(default=8, metadata={"help": "Most phrase tokens appended after a full-length round."})
     decoding: str = field(default="greedy", metadata={"help": f"One of {DECODING_MODES}."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of a sampling head's labels."})
     pacer_hf_version: str = field(default=__version__, metadata={"help": "pacer-hf version that wrote it."})
@@ -94,6 +102,10 @@ class PacerHeadConfig:
                 f"`max_draft` must be an integer >= `block_size` ({self.block_size}), got {self.max_draft!r}: "
                 "a round drafts at least one block."
             )
+        for name, low in (("phrase_length", 1), ("phrase_tail", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise TypeError(f"`threshold` must be a number in [0, 1], got {self.threshold!r}.")
         if not 0.0 <= self.threshold <= 1.0:

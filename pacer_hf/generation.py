@@ -25,6 +25,7 @@ from transformers.generation.utils import GenerationMixin
 from .candidate_generator import PacerCandidateGenerator
 from .config import PacerHeadConfig
 from .head import PacerHead, check_pair_compatible
+from .phrases import PhrasePool
 from .stats import PacerStats
 
 # generate() keyword -> PacerHeadConfig field it overrides for one call
@@ -33,7 +34,10 @@ PER_CALL_OVERRIDES = {
     "pacer_block_size": "block_size",
     "pacer_max_draft": "max_draft",
     "pacer_score_mode": "score_mode",
+    "pacer_phrase_length": "phrase_length",
+    "pacer_phrase_tail": "phrase_tail",
 }
+PHRASE_OVERRIDES = ("pacer_phrase_length", "pacer_phrase_tail")
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
@@ -48,6 +52,7 @@ class _PacerCall:
     model: Any
     head: PacerHead
     config: PacerHeadConfig
+    phrases: PhrasePool | None = None
     stats: PacerStats = field(default_factory=PacerStats)
     used: bool = False
 
@@ -58,16 +63,17 @@ _ACTIVE_CALL: ContextVar[_PacerCall | None] = ContextVar("pacer_hf_active_call",
 def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
     """Removes the `pacer_*` kwargs (transformers would reject them) and validates the call they describe."""
     head = kwargs.pop("pacer_head", None)
-    overrides = {}
-    for name, config_field in PER_CALL_OVERRIDES.items():
-        value = kwargs.pop(name, None)
-        if value is not None:
-            overrides[config_field] = value
+    phrases = _phrase_pool(kwargs.pop("pacer_phrases", None))
+    given = {name: kwargs.pop(name) for name in PER_CALL_OVERRIDES if kwargs.get(name) is not None}
+    overrides = {PER_CALL_OVERRIDES[name]: value for name, value in given.items()}
     if head is None:
-        if overrides:
-            names = sorted(n for n, f in PER_CALL_OVERRIDES.items() if f in overrides)
+        if given or phrases is not None:
+            names = sorted(given) + (["pacer_phrases"] if phrases is not None else [])
             raise ValueError(f"{names} were passed to `generate()` without `pacer_head`; pass a `pacer_head` too.")
         return None
+    if phrases is None and any(name in given for name in PHRASE_OVERRIDES):
+        names = sorted(name for name in given if name in PHRASE_OVERRIDES)
+        raise ValueError(f"{names} set phrase drafting, which is off: pass `pacer_phrases=True` (or a `PhrasePool`) too.")
     if not isinstance(head, PacerHead):
         raise TypeError(f"`pacer_head` must be a `pacer_hf.PacerHead`, got {type(head).__name__}.")
     arguments = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
@@ -97,7 +103,18 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         config = dataclasses.replace(head.config, **overrides)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"Invalid per-call PACER setting: {exc}") from exc
-    return _PacerCall(model=model, head=head, config=config)
+    return _PacerCall(model=model, head=head, config=config, phrases=phrases)
+
+
+def _phrase_pool(value: Any) -> PhrasePool | None:
+    """`pacer_phrases`: `True` drafts with a fresh pool for this call, a `PhrasePool` with that pool (warm start)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return PhrasePool()
+    if isinstance(value, PhrasePool):
+        return value
+    raise TypeError(f"`pacer_phrases` must be True, False or a `pacer_hf.PhrasePool`, got {type(value).__name__}.")
 
 
 def _check_decoding_mode(generation_config: GenerationConfig, kwargs: dict) -> None:
@@ -159,6 +176,7 @@ def _get_candidate_generator(original_fn: Callable, model: Any, args: tuple, kwa
         pacer_head=call.head,
         config=call.config,
         stats=call.stats,
+        phrases=call.phrases,
     )
 
 

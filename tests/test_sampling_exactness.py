@@ -8,13 +8,14 @@ exactness: a rule that looked at the rejected block's content to drop it would b
 """
 
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PhrasePool
 from pacer_hf.tiny_models import tiny_pair
 
 VOCAB = 8
@@ -65,25 +66,72 @@ def pair_and_exact_joint():
     return target, draft, joint.flatten().numpy()
 
 
-def _chi_square_pvalue(target, draft, joint: np.ndarray, generator_cls) -> float:
+class _RandomPhrases(PhrasePool):
+    """Random phrases (its own generator, never the target's): some confirmed by the draft's samples, some not."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = random.Random(7)
+
+    def lookup(self, context, max_length):
+        return [self.rng.randrange(VOCAB) for _ in range(max(0, max_length))], 1
+
+
+class _DraftRowOnTail(PacerCandidateGenerator):
+    """Broken on purpose: reports the draft's last q row for the tail tokens instead of their one-hot rows."""
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        ids, scores = super().get_candidates(input_ids)
+        drafted = self.stats.draft_lengths[-1]
+        if scores is not None and scores.shape[1] > drafted:
+            scores = scores.clone()
+            scores[:, drafted:] = scores[:, drafted - 1 : drafted]
+        return ids, scores
+
+
+class _TakesPhraseTokens(PacerCandidateGenerator):
+    """Broken on purpose: takes each phrase token as drafted without the draft's own choice, reporting q for it."""
+
+    def _forward(self, ids, phrase):
+        self._pending = list(phrase)
+        return super()._forward(ids, phrase)
+
+    def _select(self, scores):
+        if self._pending:
+            return torch.tensor([[self._pending.pop(0)]])
+        return super()._select(scores)
+
+
+def _chi_square_pvalue(
+    target, draft, joint: np.ndarray, generator_cls, block_size: int = 1, score_mode: str = "round", max_draft: int = 3,
+    phrases: bool = False,
+) -> float:
     head = _TokenProbabilityHead(
         PacerHeadConfig(
-            vocab_size=VOCAB, draft_hidden_size=32, block_size=1, max_draft=3, threshold=0.5, decoding="sampling"
+            vocab_size=VOCAB, draft_hidden_size=32, block_size=block_size, max_draft=max_draft, threshold=0.5,
+            score_mode=score_mode, decoding="sampling", phrase_length=2, phrase_tail=2,
         )
     )
     head.candidate_generator_class = generator_cls
+    pool = _RandomPhrases() if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
-    stops = 0
+    stops = confirmed = tails = 0
     for _ in range(NUM_SAMPLES):
         out = target.generate(
             PROMPT, assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE, top_k=0,
-            max_new_tokens=4,
+            max_new_tokens=4, pacer_phrases=pool,
         )
         first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
         counts[first * VOCAB + second] += 1
         stops += head.last_stats.head_stops
-    assert stops > NUM_SAMPLES // 10, "the head must stop rounds often for this test to have power"
+        confirmed += head.last_stats.phrase_tokens_confirmed
+        tails += sum(head.last_stats.tail_lengths)
+    if max_draft > block_size:
+        assert stops > NUM_SAMPLES // 10, "the head must stop rounds often for this test to have power"
+    if phrases:  # mixed candidates, often: one-hot tail tokens, and phrase-confirmed draft tokens where there is room
+        assert tails > NUM_SAMPLES // 10
+        assert confirmed > NUM_SAMPLES // 10 or max_draft == 1
     expected = joint / joint.sum() * NUM_SAMPLES
     dense = expected >= 5  # chi-square needs expected counts >= 5: pool the rare cells into one
     observed = np.append(counts[dense], counts[~dense].sum())
@@ -98,3 +146,25 @@ def test_sampling_matches_target_distribution(pair_and_exact_joint):
 @pytest.mark.parametrize("broken_cls", [_DropsFailedBlock, _ReturnsUnprocessedLogits])
 def test_sampling_test_catches_broken_generator(pair_and_exact_joint, broken_cls):
     assert _chi_square_pvalue(*pair_and_exact_joint, broken_cls) < 1e-5
+
+
+@pytest.mark.parametrize("block_size, score_mode", [(2, "block"), (2, "round")])
+def test_sampling_with_larger_blocks_matches_target_distribution(pair_and_exact_joint, block_size, score_mode):
+    pvalue = _chi_square_pvalue(
+        *pair_and_exact_joint, PacerCandidateGenerator, block_size=block_size, score_mode=score_mode, max_draft=4
+    )
+    assert pvalue > 1e-3
+
+
+# The chi-square test reads the first two sampled tokens: with max_draft 1 a round is one drafted token and a tail
+# (one-hot rows at the second position); with max_draft 2 the second drafted token often comes from a confirmed phrase.
+@pytest.mark.parametrize("max_draft", [1, 2])
+def test_sampling_with_phrases_and_tail_matches_target_distribution(pair_and_exact_joint, max_draft):
+    """Mixed candidates: drafted and phrase-confirmed tokens (rows: the draft's q) and a phrase tail (rows: one-hot)."""
+    pvalue = _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, max_draft=max_draft, phrases=True)
+    assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("broken_cls, max_draft", [(_DraftRowOnTail, 1), (_TakesPhraseTokens, 2)])
+def test_sampling_test_catches_broken_phrase_generator(pair_and_exact_joint, broken_cls, max_draft):
+    assert _chi_square_pvalue(*pair_and_exact_joint, broken_cls, max_draft=max_draft, phrases=True) < 1e-5
