@@ -96,6 +96,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self._prompt_mask = mask if mask is not None and not bool(mask.all()) else None
         self._round_end = 0.0
         self._num_forwards = 0
+        self._copying = self._copy_next = False
         self._round_candidates: list[int] = []  # the tokens of the round in flight, drafted and tail
         self.phrases = phrases
         if phrases is not None:
@@ -119,17 +120,23 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         if max_new_tokens <= 0:
             self._end_round([], [], 0)
             return input_ids, None
-        forwards = self._num_forwards
-        tokens, scores, stopped_by_head = self._draft_blocks(input_ids, max_new_tokens)
-        self.stats.head_stops += int(stopped_by_head)
-        candidate_ids = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
-        tail = self._tail(candidate_ids) if tokens.shape[1] == self.config.max_draft else []
+        forwards, self._copying = self._num_forwards, False
+        # While the text is being copied (the last round's tail was accepted whole), the next phrase goes to the
+        # target without the draft, as prompt lookup does; the draft takes over again once a phrase fails.
+        tokens, scores = input_ids[:, :0], None  # [1, 0]
+        tail = self._tail(input_ids) if self._copy_next else []
+        if not tail:
+            tokens, scores, stopped_by_head = self._draft_blocks(input_ids, max_new_tokens)
+            self.stats.head_stops += int(stopped_by_head)
+            if tokens.shape[1] == self.config.max_draft or self._copying:
+                tail = self._tail(torch.cat([input_ids, tokens], dim=-1))
         self._end_round(tokens[0].tolist(), tail, self._num_forwards - forwards)
         if tail:
             tail_ids = torch.tensor([tail], dtype=tokens.dtype, device=tokens.device)  # [1, e]
-            scores = torch.cat([scores, _one_hot_logits(tail_ids, scores.shape[-1])], dim=1)  # [1, k + e, V]
-            candidate_ids = torch.cat([candidate_ids, tail_ids], dim=-1)
-        return candidate_ids, scores
+            rows = _one_hot_logits(tail_ids, self.config.vocab_size)  # [1, e, V]
+            tokens = torch.cat([tokens, tail_ids], dim=-1)
+            scores = rows if scores is None else torch.cat([scores, rows], dim=1)  # [1, k + e, V]
+        return torch.cat([input_ids, tokens], dim=-1), scores
 
     def _end_round(self, drafted: list[int], tail: list[int], forwards: int) -> None:
         self.stats.draft_lengths.append(len(drafted))
@@ -150,8 +157,9 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.stats.accepted_lengths.append(int(num_matches))
         if self.phrases is None:
             return
-        drafted = self.stats.draft_lengths[-1]
+        drafted, tail = self.stats.draft_lengths[-1], self.stats.tail_lengths[-1]
         self.stats.tail_tokens_accepted += max(0, int(num_matches) - drafted)
+        self._copy_next = tail > 0 and num_matches == drafted + tail
         self._learn_phrases(input_ids, scores, int(num_matches))
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
@@ -216,8 +224,12 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
                 if drafted % block_size == 0 and self._log_threshold > -math.inf:
                     if self._head_says_stop(hidden, scores, ids[:, -block_size:], features):
                         return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), True
-                if j == len(phrase) or token.item() != phrase[j]:
+                if j < len(phrase) and token.item() != phrase[j]:
                     break  # the later fed positions saw the phrase's token, not the draft's: next forward
+            else:
+                if phrase and len(phrase) == self.config.phrase_length:
+                    self._copying = True  # the draft confirmed a whole phrase: the text is being copied
+                    return ids[:, input_ids.shape[1] :], torch.stack(scores, dim=1), False
 
     def _phrase(self, ids: torch.LongTensor, room: int) -> list[int]:
         """The phrase to feed after `ids` (at most `room` and `config.phrase_length` tokens; none without a pool)."""
