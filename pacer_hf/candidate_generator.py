@@ -24,8 +24,8 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
     and asks a [`PacerHead`] after each full block whether to draft another one (PACER, arXiv 2602.01274).
 
     It keeps the parent's set-up (assistant kwargs, logits processors, length limits) but runs its own draft loop:
-    one draft forward per token, with the draft's `DynamicCache` kept across rounds and rolled back only as far as
-    the target rejected. Losslessness: the block the head rejects is still sent to the target (stopping only ends
+    one draft forward per token (or, with a [`PhrasePool`], per run of phrase tokens the draft confirms), with the
+    draft's `DynamicCache` kept across rounds and rolled back only as far as the target rejected. Losslessness: the block the head rejects is still sent to the target (stopping only ends
     drafting), and whether a block is drafted depends only on tokens already drafted, so the draft length is a
     stopping time and speculative sampling stays exact. `get_candidates` returns the processed draft logits each
     token was drawn from.
@@ -240,9 +240,11 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         return phrase
 
     def _tail(self, candidate_ids: torch.LongTensor) -> list[int]:
-        """Phrase tokens to append without the draft after a round that drafted `max_draft` tokens, cut after EOS
-        and to the length budget. Their candidate rows are one-hot: that is the distribution they were drawn from.
-        The look-up reads only the drafted tokens and the pool, never this round's target: a stopping time."""
+        """Phrase tokens to send without the draft after `candidate_ids` (a round that reached `max_draft` or
+        confirmed a whole phrase, or a copy round's context), cut after EOS and to the length budget. Their
+        candidate rows are one-hot: that is the distribution they were drawn from. The look-up reads only the
+        sequence, this round's draft and the pool, never this round's target, so the round's length stays a
+        stopping time."""
         room = min(self.config.phrase_tail, self.main_model_max_length - candidate_ids.shape[1] - 1)
         if self.phrases is None or room <= 0:
             return []

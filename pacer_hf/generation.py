@@ -64,7 +64,7 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
     """Removes the `pacer_*` kwargs (transformers would reject them) and validates the call they describe."""
     head = kwargs.pop("pacer_head", None)
     phrases = _phrase_pool(kwargs.pop("pacer_phrases", None))
-    given = {name: kwargs.pop(name) for name in PER_CALL_OVERRIDES if kwargs.get(name) is not None}
+    given = {name: value for name in PER_CALL_OVERRIDES if (value := kwargs.pop(name, None)) is not None}
     overrides = {PER_CALL_OVERRIDES[name]: value for name, value in given.items()}
     if head is None:
         if given or phrases is not None:

@@ -245,3 +245,12 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
         tail = rows[drafted:]
         assert (tail.argmax(-1) == tokens[drafted:]).all()
         assert torch.equal(tail.softmax(-1), torch.nn.functional.one_hot(tokens[drafted:], rows.shape[-1]).float())
+
+
+def test_none_means_not_set_for_every_pacer_keyword():
+    target, draft = _pair("llama", "noisy")
+    head = make_head(draft)
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=None, pacer_threshold=None,
+                          pacer_phrase_length=None, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, target.generate(PROMPT, max_new_tokens=6, do_sample=False))
+    assert head.last_stats.phrase_tokens_offered == 0 and head.last_stats.tail_lengths == []
