@@ -18,6 +18,10 @@ from .head import PacerHead, draft_distribution_features
 from .phrases import PhrasePool
 from .stats import PacerStats
 
+# A round whose context matches a phrase on at least this many tokens sends the phrase without drafting. Sized on
+# training prompts (docs/phrase-drafting.md): 2-3-token keys are confirmed 40-83% of the time, 1-token keys 19-25%.
+LOOKUP_ROUND_KEY_LENGTH = 2
+
 
 class PacerCandidateGenerator(AssistedCandidateGenerator):
     """Candidate generator for transformers' assisted generation that drafts in blocks of `config.block_size` tokens
@@ -96,7 +100,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self._prompt_mask = mask if mask is not None and not bool(mask.all()) else None
         self._round_end = 0.0
         self._num_forwards = 0
-        self._copying = self._copy_next = False
+        self._copying = False
         self._round_candidates: list[int] = []  # the tokens of the round in flight, drafted and tail
         self.phrases = phrases
         if phrases is not None:
@@ -121,10 +125,11 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
             self._end_round([], [], 0)
             return input_ids, None
         forwards, self._copying = self._num_forwards, False
-        # While the text is being copied (the last round's tail was accepted whole), the next phrase goes to the
-        # target without the draft, as prompt lookup does; the draft takes over again once a phrase fails.
+        # A phrase keyed on 2-3 tokens goes to the target first, without the draft, as prompt lookup does: where
+        # text is being copied that is cheaper than confirming it through draft forwards. The draft (stopped by
+        # the head) drafts where no such phrase exists.
         tokens, scores = input_ids[:, :0], None  # [1, 0]
-        tail = self._tail(input_ids) if self._copy_next else []
+        tail = self._tail(input_ids, min_key_length=LOOKUP_ROUND_KEY_LENGTH)
         if not tail:
             tokens, scores, stopped_by_head = self._draft_blocks(input_ids, max_new_tokens)
             self.stats.head_stops += int(stopped_by_head)
@@ -157,9 +162,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.stats.accepted_lengths.append(int(num_matches))
         if self.phrases is None:
             return
-        drafted, tail = self.stats.draft_lengths[-1], self.stats.tail_lengths[-1]
-        self.stats.tail_tokens_accepted += max(0, int(num_matches) - drafted)
-        self._copy_next = tail > 0 and num_matches == drafted + tail
+        self.stats.tail_tokens_accepted += max(0, int(num_matches) - self.stats.draft_lengths[-1])
         self._learn_phrases(input_ids, scores, int(num_matches))
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
@@ -239,7 +242,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.stats.phrase_tokens_offered += len(phrase)
         return phrase
 
-    def _tail(self, candidate_ids: torch.LongTensor) -> list[int]:
+    def _tail(self, candidate_ids: torch.LongTensor, min_key_length: int = 1) -> list[int]:
         """Phrase tokens to send without the draft after `candidate_ids` (a round that reached `max_draft` or
         confirmed a whole phrase, or a copy round's context), cut after EOS and to the length budget. Their
         candidate rows are one-hot: that is the distribution they were drawn from. The look-up reads only the
@@ -252,7 +255,9 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         eos = set(self._eos.tolist()) if self._eos is not None else set()
         if context[-1] in eos:
             return []
-        tail, _ = self.phrases.lookup(context, room)
+        tail, key_length = self.phrases.lookup(context, room)
+        if key_length < min_key_length:
+            return []
         for i, token in enumerate(tail):
             if token in eos:
                 return tail[: i + 1]

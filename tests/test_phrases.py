@@ -19,11 +19,12 @@ POOL_KINDS = ("always", "never", "random")
 class ScriptedPool(PhrasePool):
     """Proposes phrases that the draft's greedy choice always, never or randomly confirms: "always" is the draft's
     own greedy continuation, "never" that continuation with every token shifted by one, "random" each token of it
-    kept or replaced by a random token with probability 1/2."""
+    kept or replaced by a random token with probability 1/2. It says its key had `key_length` tokens: 1 feeds the
+    phrases to the draft, 2 or more also sends them to the target without drafting (lookup rounds)."""
 
-    def __init__(self, draft, kind: str, seed: int = 0):
+    def __init__(self, draft, kind: str, seed: int = 0, key_length: int = 1):
         super().__init__()
-        self.draft, self.kind, self.rng = draft, kind, random.Random(seed)
+        self.draft, self.kind, self.rng, self.key_length = draft, kind, random.Random(seed), key_length
         self.vocab_size = draft.config.get_text_config().vocab_size
 
     @torch.no_grad()
@@ -37,7 +38,7 @@ class ScriptedPool(PhrasePool):
             if self.kind == "never" or (self.kind == "random" and self.rng.random() < 0.5):
                 token = (token + 1 + self.rng.randrange(self.vocab_size - 1) * (self.kind == "random")) % self.vocab_size
             phrase.append(token)
-        return phrase, 3
+        return phrase, self.key_length
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,14 +103,15 @@ def test_pool_refuses_bad_settings(kwargs):
 # ---- greedy equality ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("key_length", [1, 3])
 @pytest.mark.parametrize("block_size", [1, 4])
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
 @pytest.mark.parametrize("draft_kind", DRAFT_KINDS)
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_greedy_with_phrases_equals_target_greedy_grid(arch, draft_kind, pool_kind, block_size):
+def test_greedy_with_phrases_equals_target_greedy_grid(arch, draft_kind, pool_kind, block_size, key_length):
     target, draft = _pair(arch, draft_kind)
     head = make_head(draft, "random", block_size=block_size, max_draft=2 * block_size)
-    pool = ScriptedPool(draft, pool_kind)
+    pool = ScriptedPool(draft, pool_kind, key_length=key_length)
     out = target.generate(
         PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=pool, pacer_phrase_length=3,
         pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
@@ -120,9 +122,11 @@ def test_greedy_with_phrases_equals_target_greedy_grid(arch, draft_kind, pool_ki
     # every confirmed phrase token saved one draft forward
     assert sum(stats.draft_lengths) == sum(stats.draft_forwards) + stats.phrase_tokens_confirmed
     assert all(a <= d + t for a, d, t in zip(stats.accepted_lengths, stats.draft_lengths, stats.tail_lengths))
-    if pool_kind == "always" and max(stats.draft_lengths) > 1:  # every phrase token is the draft's own choice
+    if key_length > 1:  # every round found a phrase keyed on 3 tokens: lookup rounds only, the draft never ran
+        assert sum(stats.draft_lengths) == 0 and sum(stats.tail_lengths) > 0
+    elif pool_kind == "always" and max(stats.draft_lengths) > 1:  # every phrase token is the draft's own choice
         assert stats.tokens_per_draft_forward > 1
-    if pool_kind == "never":
+    elif pool_kind == "never":
         assert stats.phrase_tokens_confirmed == 0 and stats.tokens_per_draft_forward == 1
 
 
@@ -191,7 +195,8 @@ def test_real_pool_learns_within_a_call_and_across_calls():
         out = target.generate(prompt, assistant_model=draft, pacer_head=head, pacer_phrases=pool, max_new_tokens=30,
                               do_sample=False)
         assert torch.equal(out, plain)
-        assert head.last_stats.phrase_tokens_offered > 0
+        assert sum(head.last_stats.tail_lengths) > 0  # the repeated prompt is copied in lookup rounds
+        assert head.last_stats.tail_tokens_accepted > 0
     assert len(pool) > 0  # the first call's sequence was stored when the second started
 
 

@@ -67,14 +67,15 @@ def pair_and_exact_joint():
 
 
 class _RandomPhrases(PhrasePool):
-    """Random phrases (its own generator, never the target's): some confirmed by the draft's samples, some not."""
+    """Random phrases (its own generator, never the target's): some confirmed by the draft's samples, some not.
+    With `key_length` 2 every round is a lookup round (phrase sent without drafting)."""
 
-    def __init__(self):
+    def __init__(self, key_length: int = 1):
         super().__init__()
-        self.rng = random.Random(7)
+        self.rng, self.key_length = random.Random(7), key_length
 
     def lookup(self, context, max_length):
-        return [self.rng.randrange(VOCAB) for _ in range(max(0, max_length))], 1
+        return [self.rng.randrange(VOCAB) for _ in range(max(0, max_length))], self.key_length
 
 
 class _DraftRowOnTail(PacerCandidateGenerator):
@@ -104,7 +105,7 @@ class _TakesPhraseTokens(PacerCandidateGenerator):
 
 def _chi_square_pvalue(
     target, draft, joint: np.ndarray, generator_cls, block_size: int = 1, score_mode: str = "round", max_draft: int = 3,
-    phrases: bool = False,
+    phrases: bool = False, key_length: int = 1,
 ) -> float:
     head = _TokenProbabilityHead(
         PacerHeadConfig(
@@ -113,7 +114,7 @@ def _chi_square_pvalue(
         )
     )
     head.candidate_generator_class = generator_cls
-    pool = _RandomPhrases() if phrases else None
+    pool = _RandomPhrases(key_length) if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
     stops = confirmed = tails = 0
@@ -127,9 +128,9 @@ def _chi_square_pvalue(
         stops += head.last_stats.head_stops
         confirmed += head.last_stats.phrase_tokens_confirmed
         tails += sum(head.last_stats.tail_lengths)
-    if max_draft > block_size:
+    if max_draft > block_size and key_length == 1:
         assert stops > NUM_SAMPLES // 10, "the head must stop rounds often for this test to have power"
-    if phrases:  # mixed candidates, often: one-hot tail tokens, and phrase-confirmed draft tokens where there is room
+    if phrases and key_length == 1:  # mixed candidates, often: one-hot tail tokens, and phrase-confirmed draft tokens where there is room
         assert tails > NUM_SAMPLES // 10
         assert confirmed > NUM_SAMPLES // 10 or max_draft == 1
     expected = joint / joint.sum() * NUM_SAMPLES
@@ -162,6 +163,12 @@ def test_sampling_with_larger_blocks_matches_target_distribution(pair_and_exact_
 def test_sampling_with_phrases_and_tail_matches_target_distribution(pair_and_exact_joint, max_draft):
     """Mixed candidates: drafted and phrase-confirmed tokens (rows: the draft's q) and a phrase tail (rows: one-hot)."""
     pvalue = _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, max_draft=max_draft, phrases=True)
+    assert pvalue > 1e-3
+
+
+def test_sampling_with_lookup_rounds_matches_target_distribution(pair_and_exact_joint):
+    """Phrases keyed on 2+ tokens go to the target without drafting: candidates of one-hot rows only."""
+    pvalue = _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, phrases=True, key_length=2)
     assert pvalue > 1e-3
 
 
