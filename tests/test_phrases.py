@@ -221,6 +221,7 @@ def test_phrase_settings_are_checked():
 
 
 def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
+    TEMPERATURE = 0.3
     """Drafted tokens (phrase-confirmed or not) carry the draft's processed q; tail tokens a one-hot row; never None."""
     from pacer_hf import PacerCandidateGenerator
 
@@ -235,8 +236,10 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
     target, draft = _pair("qwen2", "noisy")
     head = make_head(draft, "random", block_size=2, max_draft=4, decoding="sampling")
     head.candidate_generator_class = Recording
-    target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "random"),
-                    pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=0.8, top_k=0)
+    # a low temperature, so that the draft's samples often equal its argmax, which the "always" pool proposes
+    target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "always"),
+                    pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=TEMPERATURE,
+                    top_k=0)
     assert sum(head.last_stats.tail_lengths) > 0 and head.last_stats.phrase_tokens_confirmed > 0
     for length, ids, scores, drafted in rounds:
         if ids.shape[1] == length:
@@ -245,7 +248,7 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
         tokens = ids[0, length:]
         rows = scores[0]  # [k + e, V]
         with torch.no_grad():  # the draft's q on each drafted token's own prefix, recomputed without a cache
-            q = draft(ids[:, : length + drafted - 1]).logits[0, length - 1 :] / 0.8  # [drafted, V]
+            q = draft(ids[:, : length + drafted - 1]).logits[0, length - 1 :] / TEMPERATURE  # [drafted, V]
         torch.testing.assert_close(rows[:drafted], q.float(), atol=1e-4, rtol=1e-4)
         tail = rows[drafted:]
         assert (tail.argmax(-1) == tokens[drafted:]).all()
