@@ -17,7 +17,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         equal = run_demo(head=args.head or DEFAULT_HEAD, pair=args.pair, dtype=args.dtype,
                          max_new_tokens=args.max_new_tokens or 64, prepack=not args.no_prepack,
-                         phrases=not args.no_phrases)
+                         phrases=args.phrases)
     except (ValueError, OSError) as exc:
         return _error("demo", exc)
     return 0 if equal else 1
@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 64; tiny: 48)")
     demo.add_argument("--no-prepack", action="store_true",
                       help="keep torch's stock CPU linear kernels (default: prepacked oneDNN weights for both models)")
-    demo.add_argument("--no-phrases", action="store_true",
-                      help="draft one token per draft forward (default: phrase drafting, `pacer_phrases=True`)")
+    demo.add_argument("--phrases", action="store_true",
+                      help="phrase drafting (`pacer_phrases=True`); it pays where the answer copies its prompt")
     demo.add_argument("--tiny", action="store_true", help="tiny random models and a random head: offline, seconds")
     demo.add_argument("--arch", default="qwen2", choices=("llama", "qwen2", "gpt2"), help="tiny model architecture")
     demo.add_argument("--seed", type=int, default=0, help="seed of the tiny models and head")
