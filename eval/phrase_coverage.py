@@ -32,11 +32,9 @@ class _RecordingGenerator(PacerCandidateGenerator):
     log: list = []  # (set, key length, offered, confirmed) per look-up; ("tail", offered, accepted) per tail
 
     def _phrase(self, ids, room):
-        if self.phrases is None or room <= 0:
-            return []
-        phrase, key_length = self.phrases.lookup(ids[0].tolist(), min(room, self.config.phrase_length))
-        self.stats.phrase_tokens_offered += len(phrase)
-        self._lookups.append((ids.shape[1], key_length, phrase))
+        phrase = super()._phrase(ids, room)
+        if phrase:  # the same look-up again, for the length of the key that matched
+            self._lookups.append((ids.shape[1], self.phrases.lookup(ids[0].tolist(), len(phrase))[1], phrase))
         return phrase
 
     def get_candidates(self, input_ids, *args, **kwargs):

@@ -61,7 +61,7 @@ def run_demo(
             ([`prepack_linear_weights`]) when this torch has oneDNN, for plain and PACER decoding alike; `False` keeps
             torch's stock kernels.
         phrases (`bool`): phrase drafting (`pacer_phrases=True`, a fresh pool per prompt). Off by default: on these
-            prompts, which ask for new code with nothing to copy, it was level in float32 (1.39x against 1.42x
+            prompts (new code and an explanation: nothing to copy) it was level in float32 (1.39x against 1.42x
             without, one run each).
     """
     from .models import load_pair
