@@ -27,6 +27,9 @@ class PhrasePool:
         target.generate(**prompt, assistant_model=draft, pacer_head=head, pacer_phrases=pool)
     ```
 
+    A pool follows one `generate()` call at a time (it indexes that call's sequence): give concurrent calls a pool
+    each.
+
     Args:
         max_phrases (`int`, defaults to 65536):
             Most stored phrases (keys); the least recently used ones are evicted. The live sequence of the current
