@@ -29,9 +29,10 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
 
     It keeps the parent's set-up (assistant kwargs, logits processors, length limits) but runs its own draft loop:
     one draft forward per token (or, with a [`PhrasePool`], per run of phrase tokens the draft confirms), with the
-    draft's `DynamicCache` kept across rounds and rolled back only as far as the target rejected. Losslessness: the block the head rejects is still sent to the target (stopping only ends
-    drafting), and whether a block is drafted depends only on tokens already drafted, so the draft length is a
-    stopping time and speculative sampling stays exact. `get_candidates` returns the processed draft logits each
+    draft's `DynamicCache` kept across rounds and rolled back only as far as the target rejected. Losslessness: the
+    block the head rejects is still sent to the target (stopping only ends drafting), and whether a block is drafted
+    depends only on tokens already drafted, so the draft length is a stopping time and speculative sampling stays
+    exact. `get_candidates` returns the processed draft logits each
     token was drawn from.
 
     Built by `target.generate(..., assistant_model=draft, pacer_head=head)`; see

@@ -96,17 +96,15 @@ class PacerHeadConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
-            raise ValueError(f"`block_size` must be an integer >= 1, got {self.block_size!r}.")
+        for name, low in (("block_size", 1), ("phrase_length", 1), ("phrase_tail", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
         if not isinstance(self.max_draft, int) or isinstance(self.max_draft, bool) or self.max_draft < self.block_size:
             raise ValueError(
                 f"`max_draft` must be an integer >= `block_size` ({self.block_size}), got {self.max_draft!r}: "
                 "a round drafts at least one block."
             )
-        for name, low in (("phrase_length", 1), ("phrase_tail", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise TypeError(f"`threshold` must be a number in [0, 1], got {self.threshold!r}.")
         if not 0.0 <= self.threshold <= 1.0:

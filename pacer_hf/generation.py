@@ -37,7 +37,7 @@ PER_CALL_OVERRIDES = {
     "pacer_phrase_length": "phrase_length",
     "pacer_phrase_tail": "phrase_tail",
 }
-PHRASE_OVERRIDES = ("pacer_phrase_length", "pacer_phrase_tail")
+PHRASE_OVERRIDES = tuple(name for name, config_field in PER_CALL_OVERRIDES.items() if config_field.startswith("phrase_"))
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
