@@ -20,8 +20,10 @@ import json
 from pathlib import Path
 
 from pacer_hf import CostModel, PacerHead, TrainingConfig, load_collection
-from pacer_hf.training import RUN_NAME, evaluate_head, head_metrics, split_sequences
+from pacer_hf.rounds import evaluate_head, head_metrics
+from pacer_hf.training import RUN_NAME, split_sequences
 
+from .flags import add_cost_flags, cost_model
 from .methods import EntropyStopHead
 
 MODES = ("greedy", "sampling")
@@ -95,10 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the collection the heads were trained on")
     parser.add_argument("--runs", nargs="+", required=True, help="output folders of `pacer-hf train`")
-    parser.add_argument("--cost-ratio", type=float, required=True, help="greedy: drafted token / round")
-    parser.add_argument("--head-cost-ratio", type=float, default=0.0, help="greedy: head call / round")
-    parser.add_argument("--verify-cost-ratio", type=float, default=0.0,
-                        help="extra target time per verified draft token / round (both modes)")
+    add_cost_flags(parser)  # greedy; --verify-cost-ratio for both modes
     parser.add_argument("--sampling-cost-ratio", type=float, default=None,
                         help="sampling: drafted token / round (default: --cost-ratio)")
     parser.add_argument("--sampling-head-cost-ratio", type=float, default=None,
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="reference rows: the harness's training-free entropy stop at these thresholds (nats)")
     parser.add_argument("--out", required=True, help="output prefix: writes OUT.json and OUT.md")
     args = parser.parse_args(argv)
-    greedy = CostModel(draft=args.cost_ratio, head=args.head_cost_ratio, verify=args.verify_cost_ratio)
+    greedy = cost_model(args)
     costs = {"greedy": greedy, "sampling": dataclasses.replace(
         greedy, **{k: v for k, v in (("draft", args.sampling_cost_ratio), ("head", args.sampling_head_cost_ratio))
                    if v is not None})}

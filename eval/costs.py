@@ -25,7 +25,9 @@ from transformers import DynamicCache
 from pacer_hf import PacerHead, PacerHeadConfig, measure_cost_model, prepack_linear_weights
 from pacer_hf.models import PAIRS, load_model, load_pair
 from pacer_hf.prompts import chat_input_ids
-from pacer_hf.threshold import BENCHMARK_CONTEXT
+from pacer_hf.cost_measurement import BENCHMARK_CONTEXT
+
+from .flags import add_model_flags
 
 # A typical code request: the autoregressive timing needs a realistic prompt, not random ids.
 PROMPT_FOR_TIMING = "Write a Python function that returns the n-th prime number, with a docstring."
@@ -65,15 +67,13 @@ def _peak_rss_gib() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="qwen2.5-coder", choices=sorted(PAIRS))
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    add_model_flags(parser, pair="qwen2.5-coder")
     parser.add_argument("--max-k", type=int, default=9)
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the autoregressive timing")
-    parser.add_argument("--prepack", action="store_true",
-                        help="time the models with prepacked oneDNN linear weights (pacer_hf.prepack_linear_weights)")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("eval/results/costs"))
     args = parser.parse_args()
+    if args.pair not in PAIRS:
+        parser.error(f"--pair must be a pinned pair ({sorted(PAIRS)}): each model is loaded and timed alone")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     result = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,

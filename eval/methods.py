@@ -9,17 +9,15 @@ and pacer-hf's loop both spend exactly one draft forward per drafted token.
 """
 
 import contextlib
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
-from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig
-
-# The cap of every adaptive method's draft length (oracle, entropy stop, heuristic start stays transformers').
-MAX_DRAFT = 16
-
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PacerStats
 
 @dataclass
 class RunRecord:
@@ -34,9 +32,10 @@ class RunRecord:
         draft_lengths (`list[int]`): draft forwards of each round (empty for autoregressive decoding).
         excluded_s (`float`): untimed work inside `generate()` (the oracle's probes), already subtracted.
         head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
-            `generate()` measures them in `head.last_stats`; `None` for methods outside pacer-hf's draft loop.
-        phrases (`dict`, *optional*): phrase drafting's counts from `head.last_stats` (tokens offered to and
+            `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
+        phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
             confirmed by the draft, tail tokens offered and accepted); `None` without phrases.
+        stats (`PacerStats`, *optional*): the whole statistics of a pacer-hf call; not written to the records.
     """
 
     method: str
@@ -48,6 +47,11 @@ class RunRecord:
     excluded_s: float = 0.0
     head_s: float | None = None
     phrases: dict | None = None
+    stats: PacerStats | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        """The record as the harness writes it (without `stats`, which the derived fields summarize)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "stats"}
 
 
 @dataclass
@@ -137,13 +141,13 @@ def _draft_generation_config(draft: torch.nn.Module, **values) -> Iterator[None]
 
 def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None = None, **generate_kwargs) -> RunRecord:
     log = log if log is not None else _ForwardLog(pair.target, pair.draft)
+    stats = generate_kwargs.setdefault("pacer_stats", PacerStats()) if "pacer_head" in generate_kwargs else None
     try:
         start = time.perf_counter()
         out = pair.target.generate(ids, **pair.generation_kwargs(), **generate_kwargs)
         wall = time.perf_counter() - start
     finally:
         log.remove()
-    stats = generate_kwargs["pacer_head"].last_stats if "pacer_head" in generate_kwargs else None
     return RunRecord(
         method=method,
         tokens=out[0, ids.shape[1]:].tolist(),
@@ -156,6 +160,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
             "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,
             "tail_offered": sum(stats.tail_lengths), "tail_accepted": stats.tail_tokens_accepted,
         } if generate_kwargs.get("pacer_phrases") else None,
+        stats=stats,
     )
 
 
@@ -221,7 +226,7 @@ class EntropyStopHead(PacerHead):
 def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
     return PacerHeadConfig.for_draft(
         pair.draft, decoding="sampling" if pair.do_sample else "greedy",
-        **{"block_size": 1, "max_draft": MAX_DRAFT, "threshold": 0.5, "score_mode": "block", **overrides},
+        **{"block_size": 1, "threshold": 0.5, "score_mode": "block", **overrides},  # PacerHeadConfig's max_draft
     )
 
 
@@ -253,6 +258,16 @@ def pacer_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
     return _timed(pair, "pacer+phrases", ids, assistant_model=pair.draft, pacer_head=pair.head, pacer_phrases=True)
 
 
+@dataclass
+class OracleProbe:
+    """What the oracle's generator probes with: the target, the forward log its probes must not count, and the
+    probe time to exclude from the wall time."""
+
+    target: torch.nn.Module
+    forward_log: _ForwardLog
+    time_s: float = 0.0
+
+
 class OracleCandidateGenerator(PacerCandidateGenerator):
     """Drafts exactly the tokens the target will accept: the ceiling of any stopping rule with this draft.
 
@@ -260,10 +275,16 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
     the target's own cache (rolled back afterwards) and applies the target's logits processors, as the real verify
     does, to learn the accepted length a. Then it drafts exactly a tokens for real. Greedy only. Exact in float32;
     in bfloat16 the probe's and the verify's batch shapes differ, so a near-tie can rarely flip.
+
+    Reaches `generate()` through `pacer_candidate_generator=functools.partial(OracleCandidateGenerator, probe=...)`.
     """
 
     requires_model_outputs = True  # gives get_candidates the target's model_kwargs, hence its cache
     model_kwargs_overrides: dict = {}
+
+    def __init__(self, *args, probe: OracleProbe, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.probe = probe
 
     def _max_new_tokens(self, input_ids: torch.Tensor, model_kwargs: dict | None = None, **kwargs) -> int:
         if self.do_sample:
@@ -272,9 +293,9 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
         if cap <= 0:
             return 0
         start = time.perf_counter()
-        with self.head.forward_log.pause():
+        with self.probe.forward_log.pause():
             accepted = self._probe_accepted_length(input_ids, cap, model_kwargs)
-        self.head.probe_time_s += time.perf_counter() - start
+        self.probe.time_s += time.perf_counter() - start
         return accepted
 
     def _probe_accepted_length(self, input_ids: torch.Tensor, cap: int, model_kwargs: dict) -> int:
@@ -283,8 +304,7 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
         sequence = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
         cache = model_kwargs["past_key_values"]
         num_cached = cache.get_seq_length()
-        target = self.head.target
-        logits = target(input_ids=sequence[:, num_cached:], past_key_values=cache, use_cache=True).logits
+        logits = self.probe.target(input_ids=sequence[:, num_cached:], past_key_values=cache, use_cache=True).logits
         cache.crop(-(sequence.shape[1] - num_cached))  # roll the target back exactly
         logits = logits[:, -(tokens.shape[1] + 1):-1].float()  # [1, k, V]: target logits at each draft position
         length = input_ids.shape[1]
@@ -295,25 +315,15 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
         return tokens.shape[1]
 
 
-class OracleHead(PacerHead):
-    """Carries the oracle's generator, the target it probes, the forward log its probes must not count, and the
-    probe time to exclude from the wall time."""
-
-    candidate_generator_class = OracleCandidateGenerator
-
-    def __init__(self, config: PacerHeadConfig, target: torch.nn.Module, forward_log: _ForwardLog):
-        super().__init__(config)
-        self.target = target
-        self.forward_log = forward_log
-        self.probe_time_s = 0.0
-
-
 def oracle(pair: Pair, ids: torch.Tensor) -> RunRecord:
     log = _ForwardLog(pair.target, pair.draft)
-    head = OracleHead(_rule_head_config(pair, block_size=MAX_DRAFT, threshold=0.0), pair.target, log)
-    record = _timed(pair, "oracle", ids, log=log, assistant_model=pair.draft, pacer_head=head)
-    record.wall_s -= head.probe_time_s
-    record.excluded_s = head.probe_time_s
+    probe = OracleProbe(pair.target, log)
+    config = _rule_head_config(pair, threshold=0.0)
+    head = PacerHead(dataclasses.replace(config, block_size=config.max_draft))  # no head call: the probe decides
+    record = _timed(pair, "oracle", ids, log=log, assistant_model=pair.draft, pacer_head=head,
+                    pacer_candidate_generator=functools.partial(OracleCandidateGenerator, probe=probe))
+    record.wall_s -= probe.time_s
+    record.excluded_s = probe.time_s
     return record
 
 

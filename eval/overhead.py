@@ -24,8 +24,8 @@ import transformers
 import pacer_hf
 from pacer_hf import PacerHead, PacerHeadConfig
 
+from .flags import add_generation_flags, add_model_flags, load_models
 from .methods import Pair, fixed, pacer
-from .run import load_pair
 
 PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -38,9 +38,8 @@ PROMPTS = (
 
 
 def run(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    target, draft, encode, _ = load_pair(args.pair, dtype)
+    target, draft, encode, _ = load_models(args)
     records = []
     prompts = [encode(p) for p in PROMPTS[: args.num_prompts]]
     for k in args.draft_lengths:
@@ -57,9 +56,8 @@ def run(args: argparse.Namespace) -> dict:
             result = {}
             for name in order:
                 result[name] = methods[name](pair, ids)
-                if name == "pacer":
-                    stats = head.last_stats
             stock, paced = result["stock"], result["pacer"]
+            stats = paced.stats
             round_time = stats.draft_time_s + stats.head_time_s + stats.target_time_s
             records.append(
                 {
@@ -87,7 +85,7 @@ def run(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__, "pacer_hf": pacer_hf.__version__,
         "dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "pair": args.pair, "block_size": args.block_size,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": args.max_new_tokens, "prepack_linear_weights": args.prepack,
     }
     return {"environment": environment, "summary": summary, "records": records}
 
@@ -129,13 +127,11 @@ def write_report(result: dict, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="tiny", help="`tiny` or a pinned pair name from pacer_hf.models.PAIRS")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    add_model_flags(parser)
+    add_generation_flags(parser)
     parser.add_argument("--draft-lengths", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--block-size", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-prompts", type=int, default=len(PROMPTS))
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("eval/results/overhead"))
     args = parser.parse_args()
     if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pacer_hf import PacerCandidateGenerator, PacerHead, prepack_linear_weights
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerStats
 from pacer_hf.prompts import load_prompt_set
 
-from .run import load_pair
+from .flags import add_generation_flags, add_model_flags, load_models
 
 
 class _RecordingGenerator(PacerCandidateGenerator):
@@ -94,28 +94,21 @@ def summarize(log: list) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="qwen2.5-coder")
+    add_model_flags(parser, pair="qwen2.5-coder")
+    add_generation_flags(parser)
     parser.add_argument("--head", required=True)
     parser.add_argument("--prompts", nargs="+", required=True)
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    parser.add_argument("--prepack", action="store_true")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("eval/results/phrase-coverage"))
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    target, draft, encode, _ = load_pair(args.pair, dtype)
-    if args.prepack:
-        prepack_linear_weights(target, draft)
-    head = PacerHead.from_pretrained(args.head).to(dtype=dtype)
-    head.candidate_generator_class = _RecordingGenerator
+    target, draft, encode, _ = load_models(args)
+    head = PacerHead.from_pretrained(args.head).to(dtype=getattr(torch, args.dtype))
     stats = defaultdict(list)
     for prompt in tqdm([p for spec in args.prompts for p in load_prompt_set(spec)], unit="prompt"):
         _RecordingGenerator.set_name = prompt.set_name
+        s = PacerStats()
         target.generate(encode(prompt.text), assistant_model=draft, pacer_head=head, pacer_phrases=True,
+                        pacer_candidate_generator=_RecordingGenerator, pacer_stats=s,
                         max_new_tokens=args.max_new_tokens, do_sample=False)
-        s = head.last_stats
         stats[prompt.set_name].append({"tokens_per_draft_forward": s.tokens_per_draft_forward,
                                        "draft_forwards": sum(s.draft_forwards), "drafted": sum(s.draft_lengths),
                                        "rounds": s.rounds, "new_tokens": s.new_tokens})

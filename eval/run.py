@@ -22,25 +22,13 @@ import transformers
 from tqdm.auto import tqdm
 
 import pacer_hf
-from pacer_hf import PacerHead, prepack_linear_weights
+from pacer_hf import PacerHead
 
+from pacer_hf.prompts import Prompt, load_prompt_set
+
+from .flags import _default, add_generation_flags, add_model_flags, load_models
 from .methods import Pair, registry
-from .report import finished_prompts, load_records
-from pacer_hf.prompts import Prompt, chat_input_ids, load_prompt_set
-
-
-def load_pair(name: str, dtype: torch.dtype):
-    """Returns `(target, draft, encode, tokenizer)` for `tiny` (no tokenizer) or a pinned pair of `pacer_hf.models`."""
-    if name == "tiny":
-        from pacer_hf.tiny_models import tiny_pair
-
-        target, draft = tiny_pair("qwen2", "noisy", seed=0)
-        # A stand-in tokenizer for random models: characters to ids; only the token counts matter here.
-        return target, draft, lambda text: torch.tensor([[0] + [ord(c) % 94 + 2 for c in text[:32]]]), None
-    from pacer_hf.models import load_pair as load_pinned_pair
-
-    target, draft, tokenizer = load_pinned_pair(name, dtype)
-    return target, draft, lambda text: chat_input_ids(tokenizer, text), tokenizer
+from .report import finished_prompts, load_records, write_report
 
 
 def environment(args: argparse.Namespace, head: PacerHead | None = None) -> dict:
@@ -95,12 +83,8 @@ def _start_records(out: Path, env: dict, resume: bool) -> set[tuple[str, str]]:
 def run(args: argparse.Namespace) -> Path:
     if args.pacer_thresholds and not args.head:
         raise ValueError("`--pacer-thresholds` runs the `--head` at other thresholds: pass `--head` too.")
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    target, draft, encode, tokenizer = load_pair(args.pair, dtype)
-    if args.prepack:  # both models, so every method (autoregressive too) runs on the same kernels
-        prepack_linear_weights(target, draft)
-    head = PacerHead.from_pretrained(args.head).to(dtype=dtype) if args.head else None
+    target, draft, encode, tokenizer = load_models(args)
+    head = PacerHead.from_pretrained(args.head).to(dtype=getattr(torch, args.dtype)) if args.head else None
     for threshold in args.pacer_thresholds:
         dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up
     pair = Pair(
@@ -135,7 +119,7 @@ def run(args: argparse.Namespace) -> Path:
                 torch.manual_seed(args.seed + index)  # sampling: each method draws from the same seed per prompt
                 record = methods[name](pair, ids)
                 row = {"set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": ids.shape[1],
-                       **dataclasses.asdict(record), "meta": prompt.meta}
+                       **record.to_json(), "meta": prompt.meta}
                 if tokenizer is not None:
                     row["text"] = tokenizer.decode(record.tokens, skip_special_tokens=True)
                 file.write(json.dumps(row) + "\n")
@@ -144,22 +128,23 @@ def run(args: argparse.Namespace) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", default="tiny", help="`tiny`, or a pinned pair name of `pacer_hf.models.PAIRS`")
+    add_model_flags(parser)
+    add_generation_flags(parser)
     parser.add_argument("--prompts", nargs="+", default=["humaneval:0:4"], help="prompt sets, SOURCE[:START:COUNT]")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--sample", action="store_true", help="sample at temperature 1 (default: greedy)")
     parser.add_argument("--head", type=str, default=None, help="PACER head folder or Hub id (adds the `pacer` method)")
     parser.add_argument("--methods", nargs="*", help="run only these methods (autoregressive always runs)")
     parser.add_argument("--pacer-thresholds", type=float, nargs="+", default=[],
                         help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
-    parser.add_argument("--fixed", type=int, nargs="+", default=[2, 4, 6, 8], help="k of the fixed-k methods")
-    parser.add_argument("--prompt-lookup", type=int, nargs="*", default=[10],
-                        help="prompt_lookup_num_tokens of the prompt-lookup-kN methods (none: no prompt lookup)")
-    parser.add_argument("--entropy-threshold", type=float, default=1.0, help="nats; choose it on a separate split")
-    parser.add_argument("--prepack", action="store_true",
-                        help="run both models' linear layers on prepacked oneDNN weights (pacer_hf.prepack_linear_weights)")
-    parser.add_argument("--threads", type=int, default=2)
+    fixed, lookup = _default(Pair, "fixed_draft_lengths"), _default(Pair, "prompt_lookup_lengths")
+    parser.add_argument("--fixed", type=int, nargs="+", default=list(fixed), help=f"k of the fixed-k methods "
+                        f"(default: {' '.join(map(str, fixed))})")
+    parser.add_argument("--prompt-lookup", type=int, nargs="*", default=list(lookup),
+                        help="prompt_lookup_num_tokens of the prompt-lookup-kN methods (none: no prompt lookup; "
+                        f"default: {' '.join(map(str, lookup))})")
+    entropy = _default(Pair, "entropy_threshold")
+    parser.add_argument("--entropy-threshold", type=float, default=entropy,
+                        help=f"nats; choose it on a separate split (default: {entropy})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("eval/results/run"))
     parser.add_argument("--resume", action="store_true",
@@ -167,16 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "more prompts may be added")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print("warning: set OMP_WAIT_POLICY=PASSIVE before starting Python, or timings stall (see README)")
-    records = run(args)
-    from .report import write_report
-
-    write_report(records, args.out)
+    write_report(run(args), args.out)
 
 
 if __name__ == "__main__":

@@ -11,24 +11,21 @@ import dataclasses
 import json
 import statistics
 
-import torch
 
-from .methods import Pair, entropy
 from pacer_hf.prompts import load_prompt_set
-from .run import load_pair
+
+from .flags import add_generation_flags, add_model_flags, load_models
+from .methods import Pair, entropy
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="tiny")
+    add_model_flags(parser)
+    add_generation_flags(parser)
     parser.add_argument("--prompts", nargs="+", required=True, help="tuning prompt sets, SOURCE:START:COUNT")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 1.0, 2.0, 3.0])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    target, draft, encode, _ = load_pair(args.pair, getattr(torch, args.dtype))
+    target, draft, encode, _ = load_models(args)
     base = Pair(target, draft, max_new_tokens=args.max_new_tokens)
     prompts = [encode(p.text) for spec in args.prompts for p in load_prompt_set(spec)]
     entropy(dataclasses.replace(base, max_new_tokens=8), prompts[0])  # warm-up

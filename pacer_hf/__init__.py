@@ -31,12 +31,15 @@ from .generation import (
     patch_transformers,
     unpatch_transformers,
 )
-from .head import PacerHead, check_pair_compatible, draft_distribution_features
+from .features import draft_distribution_features
+from .head import PacerHead
+from .pair import check_pair_compatible
 from .phrases import PhrasePool
 from .hub import push
 from .prompts import Prompt, load_prompt_set
 from .stats import PacerStats
-from .threshold import CostModel, ThresholdReport, choose_threshold, measure_cost_model
+from .cost_measurement import measure_cost_model
+from .threshold import CostModel, ThresholdReport, choose_threshold
 from .training import TrainingConfig, TrainResult, train
 
 if os.environ.get("PACER_HF_NO_PATCH", "").lower() not in ("1", "true", "yes"):

@@ -14,7 +14,8 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 from transformers.generation.logits_process import MinLengthLogitsProcessor
 
 from .config import PacerHeadConfig, log_threshold
-from .head import PacerHead, draft_distribution_features
+from .features import draft_distribution_features
+from .head import PacerHead
 from .phrases import PhrasePool
 from .stats import PacerStats
 
@@ -74,6 +75,11 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
             raise ValueError(
                 f"assisted generate with `pacer_head` is only supported for batch_size = 1, got batch_size = "
                 f"{input_ids.shape[0]}"
+            )
+        if input_ids.shape[1] == 0:
+            raise ValueError(
+                "The prompt is empty (`input_ids` of shape (1, 0)): the draft and the target need at least one token "
+                "to start from. Tokenize a non-empty text, or start from the tokenizer's BOS token or chat template."
             )
         super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
         self.head = pacer_head

@@ -10,14 +10,14 @@ from ._version import __version__
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import DEFAULT_HEAD, run_demo, run_tiny_demo
+    from .demo import run_demo, run_tiny_demo
 
+    length = {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens is not None else {}
     if args.tiny:
-        return 0 if run_tiny_demo(arch=args.arch, max_new_tokens=args.max_new_tokens or 48, seed=args.seed) else 1
+        return 0 if run_tiny_demo(arch=args.arch, seed=args.seed, **length) else 1
     try:
-        equal = run_demo(head=args.head or DEFAULT_HEAD, pair=args.pair, dtype=args.dtype,
-                         max_new_tokens=args.max_new_tokens or 64, prepack=not args.no_prepack,
-                         phrases=args.phrases)
+        equal = run_demo(**({"head": args.head} if args.head else {}), pair=args.pair, dtype=args.dtype,
+                         prepack=not args.no_prepack, phrases=args.phrases, **length)
     except (ValueError, OSError) as exc:
         return _error("demo", exc)
     return 0 if equal else 1
@@ -98,9 +98,11 @@ def _train(args: argparse.Namespace) -> int:
     from .collection import read_manifest
     from .config import PacerHeadConfig
     from .cpu_linear import prepack_linear_weights
-    from .head import PacerHead, check_pair_compatible
+    from .head import PacerHead
+    from .pair import check_pair_compatible
     from .models import load_model
-    from .threshold import CostModel, measure_cost_model
+    from .cost_measurement import measure_cost_model
+    from .threshold import CostModel
     from .training import TrainingConfig, train
 
     try:
@@ -164,17 +166,23 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from eval.report import write_report
-    from eval.run import run
-
+    # The harness is the `eval` package (shipped beside pacer_hf), imported only for this command: the library
+    # never imports its benchmark.
     try:
-        write_report(run(args), args.out)
+        from eval.run import main as bench_main
+    except ImportError as exc:
+        return _error("bench", ImportError(f"the benchmark harness `eval` is not installed ({exc}); install pacer-hf "
+                                           "from its repository with `pip install -e '.[eval]'`"))
+    try:
+        bench_main(args.bench_args, prog="pacer-hf bench")
     except (ValueError, OSError) as exc:
         return _error("bench", exc)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .demo import DEFAULT_NEW_TOKENS, DEFAULT_PAIR, TINY_NEW_TOKENS
+
     parser = argparse.ArgumentParser(prog="pacer-hf", description="PACER speculative decoding for transformers.")
     parser.add_argument("--version", action="version", version=f"pacer-hf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -183,10 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="the real pair with its trained head against plain greedy: text, statistics, speed-up, equality"
     )
     demo.add_argument("--head", default=None, help="head folder or Hub id (default: the committed head in hub_cards/)")
-    demo.add_argument("--pair", default="qwen2.5-coder", help="pinned draft/target pair (see `pacer-hf models list`)")
+    demo.add_argument("--pair", default=DEFAULT_PAIR, help="pinned draft/target pair (see `pacer-hf models list`)")
     demo.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="float32: outputs must be equal exactly (default); bfloat16: faster, near-ties may flip")
-    demo.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 64; tiny: 48)")
+    demo.add_argument("--max-new-tokens", type=int, default=None,
+                      help=f"new tokens per prompt (default: {DEFAULT_NEW_TOKENS}; tiny: {TINY_NEW_TOKENS})")
     demo.add_argument("--no-prepack", action="store_true",
                       help="keep torch's stock CPU linear kernels (default: prepacked oneDNN weights for both models)")
     demo.add_argument("--phrases", action="store_true",
@@ -271,19 +280,22 @@ def build_parser() -> argparse.ArgumentParser:
                       "that would be uploaded into DIR (a ready-to-push folder, e.g. under hub_cards/)")
     push.set_defaults(func=_push)
 
-    from eval.run import add_arguments as add_bench_arguments  # the harness in eval/, installed with pacer-hf
-
     bench = commands.add_parser(
-        "bench", help="compare PACER with every other decoding method on the same prompts (JSON + table + plots)",
-        description="Set OMP_WAIT_POLICY=PASSIVE in the environment on small CPUs, and run nothing else beside it.",
+        "bench", add_help=False,
+        help="compare PACER with every other decoding method on the same prompts (JSON + table + plots); "
+        "`pacer-hf bench --help` lists its options",
     )
-    add_bench_arguments(bench)
-    bench.set_defaults(func=_bench)
+    bench.set_defaults(func=_bench)  # its options are the harness's own, parsed there (see `main`)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

@@ -10,7 +10,13 @@ continuation position t (the token the target produced from the prefix `ids[:t]`
 - `soft_label`: sum_x min(p_t(x), q_t(x)) at temperature T, the exact probability that speculative sampling accepts
   the draft's token at t;
 - `sampling_features`: the features of q_t at temperature T for a token sampled from it (seeded per prompt), what a
-  sampling head sees at inference.
+  sampling head sees at inference;
+- `target_hidden`: the target's post-norm last hidden state at t - 1, the state that produces token t (bf16);
+- `target_features`: [`target_distribution_features`] of p_t (entropy, top-1 log-prob, top-1/top-2 margin).
+
+A round that starts at t (its first drafted token is t) follows a verification that chose token t - 1 from p_{t - 1}:
+the target's round-start state is the `target_hidden` and `target_features` of position t - 1. They cost 2·H_target +
+12 bytes per position (3 KiB for a 1536-wide target); format version 1 collections lack them and still load.
 
 Notation: p = target distribution, q = draft distribution; P = prompt length, N = continuation length, V =
 vocabulary, H = draft hidden size. See DESIGN.md section 4 and arXiv 2602.01274.
@@ -34,17 +40,21 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
 from ._version import __version__
-from .config import PacerHeadConfig
-from .head import PacerHead, check_pair_compatible, draft_distribution_features
+from .config import PacerHeadConfig, model_sizes
+from .features import draft_distribution_features, target_distribution_features
+from .head import PacerHead
+from .pair import check_pair_compatible
+from .prompts import CHAT_TEMPLATE_MODES, encode_prompt
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "pacer-hf-collection"
-FORMAT_VERSION = 1
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 has no target_hidden / target_features
 SHARD_TENSORS = (
     "hidden", "features", "sampling_features", "greedy_label", "soft_label", "token", "sequence_offsets",
-    "prompt_index",
+    "prompt_index", "target_hidden", "target_features",
 )
+TARGET_TENSORS = ("target_hidden", "target_features")
 
 PromptInput = str | list[int]  # text, or token ids
 
@@ -112,6 +122,10 @@ class Collection:
         sequence_offsets (`torch.LongTensor` of shape `(S + 1,)`): sequence s holds positions
             `sequence_offsets[s]:sequence_offsets[s + 1]`.
         prompt_index (`torch.LongTensor` of shape `(S,)`): index of each sequence's prompt in the prompt source.
+        target_hidden (`torch.BFloat16Tensor` of shape `(N, target_hidden_size)`, *optional*): target post-norm
+            hidden states; `None` for a version-1 collection.
+        target_features (`torch.FloatTensor` of shape `(N, 3)`, *optional*): target distribution features; `None`
+            for a version-1 collection.
     """
 
     manifest: dict[str, Any]
@@ -123,10 +137,21 @@ class Collection:
     token: torch.Tensor
     sequence_offsets: torch.Tensor
     prompt_index: torch.Tensor
+    target_hidden: torch.Tensor | None = None
+    target_features: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
         return self.prompt_index.shape[0]
+
+    def require_target_state(self, what: str) -> None:
+        """Refuses a version-1 collection, which has no target hidden states or features, for `what`."""
+        if self.target_hidden is None:
+            raise ValueError(
+                f"{what} needs the target's hidden states and distribution features, which this collection "
+                f"(format version {self.manifest['format_version']}) does not hold; collect the data again with "
+                f"pacer-hf {__version__}."
+            )
 
     def sequence_slices(self) -> list[slice]:
         bounds = self.sequence_offsets.tolist()
@@ -137,30 +162,12 @@ class Collection:
 
 
 def _tokenize(prompts: Sequence[PromptInput], tokenizer: Any, chat_template: str) -> list[list[int]]:
-    """Token ids of each prompt; text prompts need a tokenizer, token-id prompts pass through."""
+    """Token ids of each prompt ([`encode_prompt`]); text prompts need a tokenizer, token-id prompts pass through."""
     if all(not isinstance(p, str) for p in prompts):
         return [list(p) for p in prompts]
     if tokenizer is None:
         raise ValueError("`tokenizer` is required for text prompts; pass the target's tokenizer or token-id prompts.")
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    if chat_template == "on" and not has_template:
-        raise ValueError(
-            "`chat_template='on'` but the tokenizer has no chat template; use `chat_template='off'` or 'auto'."
-        )
-    use_template = chat_template == "on" or (chat_template == "auto" and has_template)
-    ids = []
-    for prompt in prompts:
-        if not isinstance(prompt, str):
-            ids.append(list(prompt))
-        elif use_template:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            # the template already holds the special tokens
-            ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-        else:
-            ids.append(tokenizer(prompt)["input_ids"])
-    return ids
+    return [encode_prompt(tokenizer, p, chat_template) if isinstance(p, str) else list(p) for p in prompts]
 
 
 # ---- manifest and shards ----------------------------------------------------------------------------------------
@@ -169,12 +176,13 @@ def _tokenize(prompts: Sequence[PromptInput], tokenizer: Any, chat_template: str
 def model_identity(model: PreTrainedModel) -> dict[str, Any]:
     """What identifies a model in a manifest: name, revision, architecture, vocabulary, hidden size, dtype."""
     text_config = model.config.get_text_config()
+    vocab_size, hidden_size = model_sizes(model)
     return {
         "name_or_path": model.config._name_or_path or None,
         "revision": getattr(model.config, "_commit_hash", None),
         "model_type": model.config.model_type,
-        "vocab_size": text_config.vocab_size,
-        "hidden_size": model.get_output_embeddings().weight.shape[1],
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
         "dtype": str(model.dtype).removeprefix("torch."),
         "context_length": getattr(text_config, "max_position_embeddings", None),
     }
@@ -205,6 +213,12 @@ def _open_manifest(output_dir: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     if not (output_dir / MANIFEST_NAME).exists():
         return fresh  # a shard file the manifest does not list yet is rewritten under the same name
     existing = read_manifest(output_dir)
+    if existing["format_version"] != fresh["format_version"]:
+        raise ValueError(
+            f"`output_dir` `{output_dir}` holds a format version {existing['format_version']} collection; this version "
+            f"writes version {fresh['format_version']} shards, which are never mixed with older ones. Write to another "
+            "directory."
+        )
     for key in ("draft", "target", "collection", "prompts_sha256"):
         if existing.get(key) != fresh[key]:
             raise ValueError(
@@ -226,9 +240,9 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"`{path}` is not valid JSON ({exc}).") from exc
-    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"`{path}` is not a version-{FORMAT_VERSION} {FORMAT_NAME} manifest (format "
+            f"`{path}` is not a {FORMAT_NAME} manifest of version {READABLE_VERSIONS} (format "
             f"{manifest.get('format')!r}, version {manifest.get('format_version')!r}); collect the data again."
         )
     return manifest
@@ -250,7 +264,8 @@ def load_collection(data_dir: str | Path) -> Collection:
     """
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
-    parts: dict[str, list[torch.Tensor]] = {name: [] for name in SHARD_TENSORS}
+    names = [n for n in SHARD_TENSORS if manifest["format_version"] >= 2 or n not in TARGET_TENSORS]
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     offset = 0
     for entry in manifest["shards"]:
         if entry["file"] is None:
@@ -260,9 +275,9 @@ def load_collection(data_dir: str | Path) -> Collection:
             shard = load_file(path)
         except (SafetensorError, OSError) as exc:
             raise ValueError(f"Shard `{path}` is missing or corrupt ({exc}); collect its prompts again.") from exc
-        if set(shard) != set(SHARD_TENSORS) or shard["token"].shape[0] != entry["positions"]:
+        if set(shard) != set(names) or shard["token"].shape[0] != entry["positions"]:
             raise ValueError(f"Shard `{path}` does not match its manifest entry; collect its prompts again.")
-        for name in SHARD_TENSORS:
+        for name in names:
             parts[name].append(shard[name][1:] + offset if name == "sequence_offsets" else shard[name])
         offset += entry["positions"]
     if not manifest["shards"] or offset == 0:
@@ -311,12 +326,12 @@ def _teacher_forced(
         batch[row, : ids.shape[0]] = ids
     # Right padding needs no attention mask: under the causal mask no real position attends to a later pad.
     with torch.no_grad():
-        target_logits = target(batch.to(target.device), use_cache=False).logits  # [B, L, V]
+        target_out = target(batch.to(target.device), use_cache=False, output_hidden_states=True)
         draft_out = draft(batch.to(draft.device), use_cache=False, output_hidden_states=True)
     records = []
     for row, (prompt_index, ids, prompt_len) in enumerate(sequences):
         rows = slice(prompt_len - 1, ids.shape[0] - 1)  # logits at t - 1 give token t, t in [P, P + N)
-        p_logits = target_logits[row, rows].float().cpu()  # [N, V]
+        p_logits = target_out.logits[row, rows].float().cpu()  # [N, V]
         q_logits = draft_out.logits[row, rows].float().cpu()  # [N, V]
         drafted = q_logits.argmax(dim=-1)  # [N]: the greedy draft token
         p_t = (p_logits / config.temperature).softmax(dim=-1)  # [N, V]
@@ -329,6 +344,8 @@ def _teacher_forced(
             "sampling_features": draft_distribution_features(q_logits / config.temperature, sampled),  # [N, 3]
             "greedy_label": (drafted == p_logits.argmax(dim=-1)).to(torch.uint8),  # [N]
             "soft_label": torch.minimum(p_t, q_t).sum(dim=-1),  # [N]
+            "target_hidden": target_out.hidden_states[-1][row, rows].to(torch.bfloat16).cpu(),  # [N, H_target]
+            "target_features": target_distribution_features(p_logits),  # [N, 3]
             "token": ids[prompt_len:],  # [N]
             "prompt_index": torch.tensor([prompt_index]),
             "numerics_mismatches": int((p_logits.argmax(dim=-1) != ids[prompt_len:]).sum()),

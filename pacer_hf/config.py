@@ -13,6 +13,12 @@ SCORE_MODES = ("round", "block")
 DECODING_MODES = ("greedy", "sampling")
 
 
+def model_sizes(model: Any) -> tuple[int, int]:
+    """`(vocab_size, hidden_size)` of a transformers model as a head sees them: the text config's vocabulary and the
+    width of the lm_head's input (the post-norm hidden state the head reads). The one place pacer-hf reads them."""
+    return model.config.get_text_config().vocab_size, model.get_output_embeddings().weight.shape[1]
+
+
 def log_threshold(threshold: float) -> float:
     """The stop rule in log space: a round stops when its log pass score is below this (-inf for 0: never)."""
     return math.log(threshold) if threshold > 0 else -math.inf
@@ -132,10 +138,9 @@ class PacerHeadConfig:
 
     @classmethod
     def for_draft(cls, draft: Any, **settings: Any) -> "PacerHeadConfig":
-        """A config sized for `draft` (its vocabulary and hidden size, read as `check_pair_compatible` reads them),
-        with the other fields from `settings`."""
-        return cls(vocab_size=draft.config.get_text_config().vocab_size,
-                   draft_hidden_size=draft.get_output_embeddings().weight.shape[1], **settings)
+        """A config sized for `draft` ([`model_sizes`]), with the other fields from `settings`."""
+        vocab_size, hidden_size = model_sizes(draft)
+        return cls(vocab_size=vocab_size, draft_hidden_size=hidden_size, **settings)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PacerHeadConfig":

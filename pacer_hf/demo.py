@@ -22,6 +22,8 @@ from .head import PacerHead
 from .tiny_models import tiny_pair
 
 DEFAULT_PAIR = "qwen2.5-coder"
+DEFAULT_NEW_TOKENS = 64
+TINY_NEW_TOKENS = 48
 # The head trained for DEFAULT_PAIR, as a ready-to-push Hub folder of the repository (found from an editable install).
 DEFAULT_HEAD = Path(__file__).resolve().parent.parent / "hub_cards" / "pacer-qwen2.5-coder-0.5b-to-1.5b"
 # Not from the evaluation prompt sets (HumanEval 0-19, ShareGPT 0-19) nor the training ones.
@@ -42,7 +44,7 @@ def run_demo(
     head: str | Path = DEFAULT_HEAD,
     pair: str = DEFAULT_PAIR,
     dtype: str = "float32",
-    max_new_tokens: int = 64,
+    max_new_tokens: int = DEFAULT_NEW_TOKENS,
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     prepack: bool = True,
     phrases: bool = False,
@@ -134,7 +136,7 @@ def _random_head(draft: torch.nn.Module, seed: int) -> PacerHead:
     return head.eval()
 
 
-def run_tiny_demo(arch: str = "qwen2", max_new_tokens: int = 48, seed: int = 0) -> bool:
+def run_tiny_demo(arch: str = "qwen2", max_new_tokens: int = TINY_NEW_TOKENS, seed: int = 0) -> bool:
     """Runs the demo on tiny random models. Returns whether PACER's output equals plain greedy."""
     target, draft = tiny_pair(arch, "noisy", seed=seed)
     head = _random_head(draft, seed)

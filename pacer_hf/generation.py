@@ -5,6 +5,10 @@ transformers validates its kwargs, and `_get_candidate_generator()` returns a `P
 variable is set. `patch_transformers()` installs both on `GenerationMixin` (what `import pacer_hf` does unless
 `PACER_HF_NO_PATCH=1`); `enable_pacer(model)` binds them on one model instance only.
 
+Per call, besides the head: `pacer_phrases`, the `PER_CALL_OVERRIDES`, `pacer_stats=PacerStats()` (filled in place;
+safe when calls overlap, unlike `head.last_stats`) and `pacer_candidate_generator=` (a `PacerCandidateGenerator`
+subclass, or a callable that builds one: the route for research loops such as the evaluation harness's oracle).
+
 Pinned to transformers 5.23 (see pyproject.toml): both hooks are private API. If transformers stops calling
 `_get_candidate_generator`, the call warns loudly instead of silently decoding with stock drafting.
 """
@@ -16,15 +20,17 @@ import time
 import types
 import warnings
 from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 from .candidate_generator import PacerCandidateGenerator
 from .config import PacerHeadConfig
-from .head import PacerHead, check_pair_compatible
+from .head import PacerHead
+from .pair import check_pair_compatible
 from .phrases import PhrasePool
 from .stats import PacerStats
 
@@ -54,6 +60,7 @@ class _PacerCall:
     config: PacerHeadConfig
     phrases: PhrasePool | None = None
     stats: PacerStats = field(default_factory=PacerStats)
+    generator_factory: Callable[..., PacerCandidateGenerator] = PacerCandidateGenerator
     used: bool = False
 
 
@@ -64,13 +71,23 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
     """Removes the `pacer_*` kwargs (transformers would reject them) and validates the call they describe."""
     head = kwargs.pop("pacer_head", None)
     phrases = _phrase_pool(kwargs.pop("pacer_phrases", None))
+    stats = kwargs.pop("pacer_stats", None)
+    factory = kwargs.pop("pacer_candidate_generator", None)
     given = {name: value for name in PER_CALL_OVERRIDES if (value := kwargs.pop(name, None)) is not None}
     overrides = {PER_CALL_OVERRIDES[name]: value for name, value in given.items()}
     if head is None:
-        if given or phrases is not None:
-            names = sorted(given) + (["pacer_phrases"] if phrases is not None else [])
+        extra = {"pacer_phrases": phrases, "pacer_stats": stats, "pacer_candidate_generator": factory}
+        names = sorted(given) + sorted(name for name, value in extra.items() if value is not None)
+        if names:
             raise ValueError(f"{names} were passed to `generate()` without `pacer_head`; pass a `pacer_head` too.")
         return None
+    if stats is not None and not isinstance(stats, PacerStats):
+        raise TypeError(f"`pacer_stats` must be a `pacer_hf.PacerStats` to fill, got {type(stats).__name__}.")
+    if factory is not None and not callable(factory):
+        raise TypeError(
+            "`pacer_candidate_generator` must be a `PacerCandidateGenerator` subclass or a callable that builds one "
+            f"(e.g. a functools.partial), got {type(factory).__name__}."
+        )
     if phrases is None and any(name in given for name in PHRASE_OVERRIDES):
         names = sorted(name for name in given if name in PHRASE_OVERRIDES)
         raise ValueError(f"{names} set phrase drafting, which is off: pass `pacer_phrases=True` (or a `PhrasePool`) too.")
@@ -103,7 +120,8 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         config = dataclasses.replace(head.config, **overrides)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"Invalid per-call PACER setting: {exc}") from exc
-    return _PacerCall(model=model, head=head, config=config, phrases=phrases)
+    return _PacerCall(model=model, head=head, config=config, phrases=phrases, stats=stats or PacerStats(),
+                      generator_factory=factory or PacerCandidateGenerator)
 
 
 def _phrase_pool(value: Any) -> PhrasePool | None:
@@ -165,8 +183,7 @@ def _get_candidate_generator(original_fn: Callable, model: Any, args: tuple, kwa
     # Bind by name: the argument order of this private method changed between transformers releases.
     arguments = _CANDIDATE_GENERATOR_SIGNATURE.bind(model, *args, **kwargs).arguments
     call.used = True
-    generator_class = call.head.candidate_generator_class or PacerCandidateGenerator
-    return generator_class(
+    generator = call.generator_factory(
         input_ids=arguments["input_ids"],
         assistant_model=arguments["assistant_model"],
         generation_config=arguments["generation_config"],
@@ -178,6 +195,11 @@ def _get_candidate_generator(original_fn: Callable, model: Any, args: tuple, kwa
         stats=call.stats,
         phrases=call.phrases,
     )
+    if not isinstance(generator, PacerCandidateGenerator):
+        raise TypeError(
+            f"`pacer_candidate_generator` built a {type(generator).__name__}; it must build a `PacerCandidateGenerator`."
+        )
+    return generator
 
 
 @functools.wraps(_ORIGINAL_GENERATE)

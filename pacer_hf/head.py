@@ -1,4 +1,4 @@
-"""`PacerHead`: the pre-verification head, its input features, and the pair check.
+"""`PacerHead`: the pre-verification head, its Hub I/O, and the pair check.
 
 Notation used in shapes: B = batch, k = draft positions of the round so far, H = draft hidden size,
 V = vocabulary, F = number of distribution features, D = head width.
@@ -15,45 +15,24 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from ._version import __version__
 from .config import PacerHeadConfig
+from .features import NUM_DISTRIBUTION_FEATURES
+from .model_card import build_model_card
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-# Features of the processed draft distribution at a drafted position: log q(drafted token), log q(top-1) and the
-# entropy of q. Their order is part of the saved-head format.
-NUM_DISTRIBUTION_FEATURES = 3
-# log q of a drafted token is floored here: under top-k/top-p processing q can be exactly 0 elsewhere, and the
-# head must never see -inf.
-LOGPROB_FLOOR = -30.0
 # Initial classifier bias: sigmoid(10) = 0.99995, so an untrained head predicts "accept" everywhere and drafting
 # continues to `max_draft` (plain fixed-length drafting) for any threshold below 0.999.
 CONTINUE_LOGIT = 10.0
-
-
-def draft_distribution_features(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Cheap features of the processed draft distribution at each drafted position.
-
-    Args:
-        scores (`torch.FloatTensor` of shape `(..., vocab_size)`):
-            Processed draft logits (after the target's logits processors), the distribution a token was drawn from.
-        tokens (`torch.LongTensor` of shape `(...)`):
-            The drafted tokens.
-
-    Returns:
-        `torch.FloatTensor` of shape `(..., 3)`: log q(token), log q(top-1) and the entropy of q, in nats.
-    """
-    logq = scores.float().log_softmax(dim=-1)  # [..., V]
-    token_logq = logq.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).clamp(min=LOGPROB_FLOOR)  # [...]
-    top1_logq = logq.max(dim=-1).values  # [...]
-    q = logq.exp()
-    entropy = -torch.where(q > 0, q * logq, torch.zeros_like(q)).sum(dim=-1)  # [...]; 0·log 0 = 0
-    return torch.stack([token_logq, top1_logq, entropy], dim=-1)
 
 
 class _CausalSelfAttention(nn.Module):
@@ -100,17 +79,12 @@ class PacerHead(
     >>> head.save_pretrained("my-head")
     >>> head = PacerHead.from_pretrained("my-head")  # or a Hub id
     >>> out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=64)
-    >>> head.last_stats  # PacerStats of that call
+    >>> head.last_stats  # PacerStats of the latest call; pass `pacer_stats=PacerStats()` when threads share a head
     ```
 
     See also transformers' assisted generation:
     https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding
     """
-
-    # The candidate generator `generate(..., pacer_head=head)` builds; `None` means `PacerCandidateGenerator`. A head
-    # subclass that needs another round loop (the evaluation harness's oracle, a test's deliberately broken
-    # generator) declares it here instead of patching pacer-hf.
-    candidate_generator_class: type | None = None
 
     def __init__(self, config: PacerHeadConfig):
         super().__init__()
@@ -131,7 +105,9 @@ class PacerHead(
         self.classifier = nn.Linear(width, 1)
         nn.init.zeros_(self.classifier.weight)
         nn.init.constant_(self.classifier.bias, CONTINUE_LOGIT)
-        self.last_stats = None  # PacerStats of the latest generate() call with this head
+        # PacerStats of the latest generate() call with this head: a convenience for one caller at a time. Calls that
+        # may overlap (threads) pass their own `generate(..., pacer_stats=PacerStats())`.
+        self.last_stats = None
 
     def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Acceptance logits for the drafted positions of one round.
@@ -220,8 +196,6 @@ class PacerHead(
         Returns:
             `huggingface_hub.ModelCard`.
         """
-        from .hub import build_model_card  # hub.py loads heads, so it is imported here, not at module level
-
         return build_model_card(
             self.config, self.num_parameters, self._hub_mixin_info.model_card_data, card=card, repo_id=repo_id,
             datasets=datasets, speedups=speedups, metrics=metrics,
@@ -235,8 +209,24 @@ class PacerHead(
         `local_files_only`, `token`, ...) and `map_location`. Raises `ValueError` for a missing, corrupt or
         mismatching `config.json` or weights file.
         """
+        if not Path(pretrained_model_name_or_path).is_dir():
+            try:
+                validate_repo_id(str(pretrained_model_name_or_path))
+            except HFValidationError:
+                raise ValueError(
+                    f"`{pretrained_model_name_or_path}` is neither an existing local folder nor a Hub repo id "
+                    "(`org/name`). Pass the folder that `pacer-hf train` or `save_pretrained` wrote, or a Hub id."
+                ) from None
         try:
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except (RepositoryNotFoundError, LocalEntryNotFoundError) as exc:
+            raise OSError(
+                f"There is no local folder `{pretrained_model_name_or_path}`, and its Hub repo could not be read: "
+                + ("the Hub has no such repo (or it is private: pass `token=`)."
+                   if isinstance(exc, RepositoryNotFoundError) else
+                   "it is not in the local cache and the Hub is unreachable (offline?).")
+                + " Check the folder path or the repo id."
+            ) from exc
         except json.JSONDecodeError as exc:
             raise ValueError(
                 f"The `config.json` of PACER head `{pretrained_model_name_or_path}` is not valid JSON ({exc}). "
@@ -297,39 +287,3 @@ class PacerHead(
                 f"head_hidden_size={config.head_hidden_size}): {exc}"
             ) from exc
         return head.to(map_location).eval()
-
-
-def check_pair_compatible(config: PacerHeadConfig, draft_model: nn.Module, target_model: nn.Module) -> None:
-    """Raises `ValueError` unless a head with `config` can run on `draft_model` drafting for `target_model`.
-
-    The single place where pacer-hf decides whether a head, a draft and a target belong together.
-    """
-    for role, model in (("assistant_model", draft_model), ("target model", target_model)):
-        if getattr(model, "config", None) is None or not hasattr(model, "get_output_embeddings"):
-            raise TypeError(f"The {role} must be a transformers `PreTrainedModel`, got {type(model).__name__}.")
-        if model.config.is_encoder_decoder:
-            raise ValueError(
-                f"pacer-hf supports decoder-only models; the {role} `{model.config._name_or_path}` is an "
-                "encoder-decoder model."
-            )
-    draft_name = draft_model.config._name_or_path or type(draft_model).__name__
-    trained_for = f" ({config.draft_name_or_path})" if config.draft_name_or_path else ""
-    fix = "Load the head trained for this pair, or train one with `pacer-hf train`."
-    draft_vocab = draft_model.config.get_text_config().vocab_size
-    target_vocab = target_model.config.get_text_config().vocab_size
-    if draft_vocab != target_vocab:
-        raise ValueError(
-            f"`assistant_model` has vocabulary size {draft_vocab} but the target has {target_vocab}: pacer-hf needs "
-            "a draft and a target that share one tokenizer (padded vocabularies are not supported yet)."
-        )
-    if draft_vocab != config.vocab_size:
-        raise ValueError(
-            f"`pacer_head` was trained for a draft with vocabulary size {config.vocab_size}{trained_for}, got an "
-            f"`assistant_model` with vocabulary size {draft_vocab} ({draft_name}). {fix}"
-        )
-    draft_hidden = draft_model.get_output_embeddings().weight.shape[1]
-    if draft_hidden != config.draft_hidden_size:
-        raise ValueError(
-            f"`pacer_head` was trained for a draft with hidden size {config.draft_hidden_size}{trained_for}, got an "
-            f"`assistant_model` with hidden size {draft_hidden} ({draft_name}). {fix}"
-        )

@@ -18,11 +18,11 @@ import importlib.resources
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_KEYS = ("prompt", "text", "question", "instruction", "input_ids", "turns")
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with the whole function in one Python code block.\n"
@@ -104,14 +104,29 @@ def _file(path: Path) -> Iterator[Prompt]:
             yield Prompt(path.stem, str(prompt_id), _prompt_from_record(record, path, number), {"category": category})
 
 
-def chat_input_ids(tokenizer: Any, text: str) -> "torch.LongTensor":
-    """Token ids `[1, P]` of `text` as one user turn of the tokenizer's chat template (plain text without one)."""
-    if tokenizer.chat_template:
+def encode_prompt(tokenizer: Any, text: str, chat_template: str = "auto") -> list[int]:
+    """Token ids of `text`, the one prompt encoder of pacer-hf (collection, harness and demo alike).
+
+    `chat_template`: `"on"` wraps `text` as one user turn of the tokenizer's chat template (with the generation
+    prompt); `"off"` tokenizes it as is (with the tokenizer's special tokens); `"auto"` is `"on"` when the
+    tokenizer has a chat template.
+    """
+    if chat_template not in CHAT_TEMPLATE_MODES:
+        raise ValueError(f"`chat_template` must be one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}.")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat_template == "on" and not has_template:
+        raise ValueError(
+            "`chat_template='on'` but the tokenizer has no chat template; use `chat_template='off'` or 'auto'."
+        )
+    if chat_template == "on" or (chat_template == "auto" and has_template):
         messages = [{"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-    return tokenizer(text, return_tensors="pt")["input_ids"]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    return list(tokenizer(text)["input_ids"])
+
+
+def chat_input_ids(tokenizer: Any, text: str) -> torch.LongTensor:
+    """[`encode_prompt`] of `text` (`"auto"`) as the `[1, P]` tensor `generate()` takes."""
+    return torch.tensor([encode_prompt(tokenizer, text)])
 
 
 def load_prompt_set(spec: str | Path) -> list[Prompt]:

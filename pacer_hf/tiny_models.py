@@ -1,6 +1,7 @@
 """Tiny random draft/target pairs built from configs with fixed seeds: no Hub, seconds on a CPU.
 
-Used by the tests, the demo and the benchmarks' smoke settings. A pair shares one vocabulary; the draft is the
+Used by the tests, the demo and the benchmarks' smoke settings, with [`tiny_tokenizer`], a character-level tokenizer
+with a chat template. A pair shares one vocabulary; the draft is the
 target itself (`"same"`: every draft token is accepted), a noisy copy of it (`"noisy"`: some are), or an
 independently initialised model (`"independent"`: almost none are).
 """
@@ -8,12 +9,14 @@ independently initialised model (`"independent"`: almost none are).
 import copy
 
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -26,6 +29,14 @@ TINY_VOCAB_SIZE = 96
 _INIT_RANGE = 0.2
 # Relative noise of the "noisy" draft: tuned so that roughly half of its greedy tokens agree with the target's.
 _NOISE_SCALE = 0.05
+# The tiny tokenizer: special tokens, then one token per character (others read as <unk>); fits TINY_VOCAB_SIZE.
+_SPECIAL_TOKENS = ("<s>", "<unk>", "<|im_start|>", "<|im_end|>")
+_CHARACTERS = " \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()[]{}=+-*/_#<>"
+# ChatML, as Qwen2.5's template writes one user turn
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tiny_model(arch: str, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE, hidden_size: int = 32) -> PreTrainedModel:
@@ -78,3 +89,17 @@ def tiny_pair(
         raise ValueError(f"`draft_kind` must be one of {DRAFT_KINDS}, got {draft_kind!r}.")
     draft.config._name_or_path = f"tiny-{arch}-seed{seed}-draft-{draft_kind}"
     return target, draft
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level `PreTrainedTokenizerFast` of `TINY_VOCAB_SIZE` tokens or fewer with a ChatML chat template,
+    built in memory (no Hub): real `apply_chat_template` and `decode` calls for tiny models."""
+    vocab = {token: i for i, token in enumerate(_SPECIAL_TOKENS + tuple(dict.fromkeys(_CHARACTERS)))}
+    assert len(vocab) <= TINY_VOCAB_SIZE
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>",
+                                        eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    return tokenizer

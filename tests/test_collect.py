@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
 from pacer_hf import PacerHead, PacerHeadConfig
-from pacer_hf.collection import CollectionConfig, collect, load_collection
+from pacer_hf.collection import FORMAT_NAME, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.tiny_models import tiny_model, tiny_pair
 
 MAX_NEW_TOKENS = 40
@@ -61,7 +61,8 @@ def test_soft_labels_and_features_equal_independent_recomputation(tmp_path):
         prompt = prompts[int(collection.prompt_index[s])]
         ids = torch.tensor([prompt + collection.token[span].tolist()])
         with torch.no_grad():
-            p_logits = target(ids).logits[0, len(prompt) - 1 : -1]
+            target_out = target(ids, output_hidden_states=True)
+            p_logits = target_out.logits[0, len(prompt) - 1 : -1]
             draft_out = draft(ids, output_hidden_states=True)
         q_logits = draft_out.logits[0, len(prompt) - 1 : -1]
         p, q = (p_logits / temperature).softmax(-1), (q_logits / temperature).softmax(-1)
@@ -77,6 +78,41 @@ def test_soft_labels_and_features_equal_independent_recomputation(tmp_path):
         torch.testing.assert_close(collection.features[span][:, 1], logq.max(-1).values, atol=1e-5, rtol=0)
         sampled_logq = collection.sampling_features[span][:, 0]
         assert (sampled_logq <= collection.sampling_features[span][:, 1] + 1e-6).all()
+        # the entropy feature, from its definition
+        torch.testing.assert_close(collection.features[span][:, 2], -(logq.exp() * logq).sum(-1), atol=1e-4, rtol=0)
+        # the target's side: its hidden state at t - 1 and entropy / top-1 / margin of p_t at temperature 1
+        expected_hidden = target_out.hidden_states[-1][0, len(prompt) - 1 : -1].to(torch.bfloat16).float()
+        torch.testing.assert_close(collection.target_hidden[span].float(), expected_hidden, atol=2e-2, rtol=1e-2)
+        logp = p_logits.log_softmax(-1)
+        top2 = logp.topk(2, dim=-1).values
+        expected_features = torch.stack([-(logp.exp() * logp).sum(-1), top2[:, 0], top2[:, 0] - top2[:, 1]], -1)
+        torch.testing.assert_close(collection.target_features[span], expected_features, atol=1e-4, rtol=0)
+        assert collection.target_hidden.shape[1] == target.config.hidden_size
+
+
+def _downgrade_to_version_1(folder) -> None:
+    """Rewrites a collection as pacer-hf 0.x wrote it: no target tensors, format version 1."""
+    for path in folder.glob("shard-*.safetensors"):
+        tensors = {k: v for k, v in load_file(path).items() if not k.startswith("target_")}
+        save_file(tensors, path, metadata={"format": FORMAT_NAME})
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    (folder / MANIFEST_NAME).write_text(json.dumps({**manifest, "format_version": 1}))
+
+
+def test_version_1_collection_loads_without_target_state_and_is_never_extended(tmp_path):
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    config = CollectionConfig(max_new_tokens=8, shard_size=1)
+    collect(target, draft, _prompts(2), tmp_path, config=config)
+    before = load_collection(tmp_path)
+    _downgrade_to_version_1(tmp_path)
+    old = load_collection(tmp_path)
+    assert old.target_hidden is None and old.target_features is None
+    assert torch.equal(old.greedy_label, before.greedy_label) and torch.equal(old.hidden, before.hidden)
+    with pytest.raises(ValueError, match="format version 1.*collect the data again"):
+        old.require_target_state("A head that reads the target")
+    before.require_target_state("A head that reads the target")  # version 2 holds it
+    with pytest.raises(ValueError, match="format version 1 collection.*never mixed.*another directory"):
+        collect(target, draft, _prompts(3), tmp_path, config=config)
 
 
 def _shards(folder) -> dict[str, dict[str, torch.Tensor]]:

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from pacer_hf import PacerHead, check_pair_compatible
 from pacer_hf.demo import DEFAULT_HEAD
+from pacer_hf.hub import CARD_NAME, UPLOADED_FILES, prepare_upload
 from pacer_hf.models import PAIRS, PINNED_MODELS
 from pacer_hf.tiny_models import tiny_pair
 
@@ -28,11 +29,15 @@ def head() -> PacerHead:
 
 
 @pytest.mark.parametrize("decoding", COMMITTED)
-def test_committed_folder_is_a_hub_folder(decoding):
+def test_committed_folder_is_exactly_what_push_uploads(decoding, tmp_path):
+    """Staging the committed folder for upload copies every file unchanged and adds nothing but the card."""
     folder = COMMITTED[decoding]
-    assert folder.parent.name == "hub_cards"
-    names = {p.name for p in folder.iterdir()}
-    assert {"README.md", "config.json", "model.safetensors"} <= names
+    card = prepare_upload(folder, tmp_path, f"pacer-hf/{folder.name}", card_path=folder / CARD_NAME)
+    staged = {p.name for p in tmp_path.iterdir()}
+    assert staged == {p.name for p in folder.iterdir()} and {CARD_NAME, *UPLOADED_FILES[:2]} <= staged
+    for name in staged - {CARD_NAME}:
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), name
+    assert card.data == ModelCard.load(folder / CARD_NAME).data  # its metadata is up to date
     assert (folder / "model.safetensors").stat().st_size < 5 * 2**20  # small enough to commit
 
 

@@ -1,11 +1,14 @@
 """The evaluation harness on tiny models: same greedy output from every method, metrics computed right on a
 hand-checked case, the oracle never drafts a token the target rejects, prompt sets and pass@1 offline."""
 
+import functools
+
 import pytest
 import torch
 
-from eval.methods import OracleHead, Pair, _ForwardLog, _rule_head_config, registry
+from eval.methods import OracleCandidateGenerator, OracleProbe, Pair, _ForwardLog, _rule_head_config, registry
 from eval.report import markdown_table, summarize
+from pacer_hf import PacerHead, PacerStats
 from pacer_hf.tiny_models import tiny_pair
 
 from conftest import PROMPT, make_head
@@ -64,13 +67,17 @@ def test_oracle_never_drafts_past_a_rejection(pair):
         target, draft = tiny_pair("qwen2", draft_kind, seed=1)
         oracle_pair = Pair(target, draft, max_new_tokens=40)
         log = _ForwardLog(target, draft)
-        head = OracleHead(_rule_head_config(oracle_pair, block_size=16, max_draft=16, threshold=0.0), target, log)
-        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=40, do_sample=False)
+        probe, stats = OracleProbe(target, log), PacerStats()
+        head = PacerHead(_rule_head_config(oracle_pair, block_size=16, max_draft=16, threshold=0.0))
+        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=40, do_sample=False,
+                              pacer_stats=stats,
+                              pacer_candidate_generator=functools.partial(OracleCandidateGenerator, probe=probe))
         log.remove()
         assert torch.equal(out, target.generate(PROMPT, max_new_tokens=40, do_sample=False))
-        stats = head.last_stats
         assert stats.accepted_lengths == stats.draft_lengths  # every drafted token accepted
-        assert head.probe_time_s > 0
+        if draft_kind == "noisy":  # and it drafted several tokens where the target agreed
+            assert max(stats.draft_lengths) > 1
+        assert probe.time_s > 0
         assert log.events.count("T") == stats.rounds  # probes are not counted as target calls
 
 
@@ -166,7 +173,8 @@ def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_chan
     import dataclasses
 
     from eval.report import load_records
-    from eval.run import load_pair, run
+    from eval.flags import load_pair
+    from eval.run import run
 
     _, draft, _, _ = load_pair("tiny", torch.float32)
     folder = tmp_path / "head"

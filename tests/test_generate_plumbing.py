@@ -154,6 +154,50 @@ def test_stats_are_per_call_and_consistent(pair):
     assert head.last_stats is not first and head.last_stats.new_tokens == 5
 
 
+def test_caller_stats_stay_apart_under_concurrent_calls(pair):
+    """Two threads share one head; each call fills the `PacerStats` it passed, never the other's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    target, draft = pair
+    head = make_head(draft, "random", block_size=2, max_draft=8)
+    lengths = (7, 19, 11, 23)
+    stats = [pacer_hf.PacerStats() for _ in lengths]
+
+    def run(i: int) -> torch.Tensor:
+        return target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats[i],
+                               max_new_tokens=lengths[i], do_sample=False)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outputs = list(pool.map(run, range(len(lengths))))
+    for out, n, s in zip(outputs, lengths, stats):
+        assert out.shape[1] - PROMPT.shape[1] == n == s.new_tokens
+
+
+def test_pacer_stats_and_generator_arguments_are_checked(pair):
+    target, draft = pair
+    with pytest.raises(TypeError, match="`pacer_stats` must be a `pacer_hf.PacerStats`"):
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_stats={})
+    with pytest.raises(TypeError, match="`pacer_candidate_generator` must be"):
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_candidate_generator="oracle")
+    with pytest.raises(TypeError, match="built a AssistedCandidateGenerator"):
+        from transformers.generation.candidate_generator import AssistedCandidateGenerator
+
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft),
+                  pacer_candidate_generator=lambda **kw: AssistedCandidateGenerator(
+                      kw["input_ids"], kw["assistant_model"], kw["generation_config"], kw["model_kwargs"]))
+    with pytest.raises(ValueError, match=r"\['pacer_candidate_generator', 'pacer_stats'\].*without `pacer_head`"):
+        _generate(target, assistant_model=draft, pacer_stats=pacer_hf.PacerStats(),
+                  pacer_candidate_generator=pacer_hf.PacerCandidateGenerator)
+    assert generation._ACTIVE_CALL.get() is None
+
+
+def test_an_empty_prompt_is_refused_with_the_fix(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"prompt is empty.*BOS token"):
+        target.generate(torch.zeros(1, 0, dtype=torch.long), assistant_model=draft, pacer_head=make_head(draft),
+                        max_new_tokens=4)
+
+
 def test_import_opt_out_leaves_transformers_untouched():
     import subprocess
     import sys

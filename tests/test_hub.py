@@ -180,3 +180,13 @@ def test_prepare_upload_refuses_a_broken_head_or_repo_id(tmp_path):
     (folder / "model.safetensors").write_bytes(b"truncated")
     with pytest.raises(ValueError, match="corrupt or truncated"):
         prepare_upload(folder, tmp_path / "stage", "org/pacer-qwen")
+
+
+def test_a_missing_folder_or_unreachable_repo_names_the_input(tmp_path, monkeypatch):
+    missing = tmp_path / "heads" / "v2"
+    with pytest.raises(ValueError, match=r"`.*heads/v2` is neither an existing local folder nor a Hub repo id"):
+        PacerHead.from_pretrained(missing)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError, match="no local folder `org/not-here`.*Hub is unreachable"):
+        PacerHead.from_pretrained("org/not-here", cache_dir=tmp_path / "cache")

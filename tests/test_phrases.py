@@ -235,10 +235,9 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
 
     target, draft = _pair("qwen2", "noisy")
     head = make_head(draft, "random", block_size=2, max_draft=4, decoding="sampling")
-    head.candidate_generator_class = Recording
     # a low temperature, so that the draft's samples often equal its argmax, which the "always" pool proposes
     target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "always"),
-                    pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=TEMPERATURE,
+                    pacer_candidate_generator=Recording, pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=TEMPERATURE,
                     top_k=0)
     assert sum(head.last_stats.tail_lengths) > 0 and head.last_stats.phrase_tokens_confirmed > 0
     for length, ids, scores, drafted in rounds:

@@ -57,22 +57,19 @@ def test_sharegpt_first_user_turns():
     assert len(prompts) == 5 and all(isinstance(p.text, str) and p.text for p in prompts)
 
 
-def test_chat_input_ids_uses_the_chat_template_when_there_is_one():
-    import torch
+def test_the_prompt_encoder_wraps_a_user_turn_in_a_real_chat_template():
+    from pacer_hf.prompts import chat_input_ids, encode_prompt
+    from pacer_hf.tiny_models import tiny_tokenizer
 
-    from pacer_hf.prompts import chat_input_ids
-
-    class Tokenizer:  # just the two calls chat_input_ids makes
-        chat_template = None
-
-        def __call__(self, text, return_tensors):
-            return {"input_ids": torch.tensor([[1, len(text)]])}
-
-        def apply_chat_template(self, messages, add_generation_prompt, return_tensors, return_dict):
-            assert messages == [{"role": "user", "content": "abc"}] and add_generation_prompt and return_dict
-            return {"input_ids": torch.tensor([[9, 9, 3]])}
-
-    tokenizer = Tokenizer()
-    assert chat_input_ids(tokenizer, "abc").tolist() == [[1, 3]]
-    tokenizer.chat_template = "{{ messages }}"
-    assert chat_input_ids(tokenizer, "abc").tolist() == [[9, 9, 3]]
+    tokenizer = tiny_tokenizer()
+    wrapped = encode_prompt(tokenizer, "Hi!")
+    assert tokenizer.decode(wrapped) == "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    assert encode_prompt(tokenizer, "Hi!", "on") == wrapped
+    assert tokenizer.decode(encode_prompt(tokenizer, "Hi!", "off")) == "Hi!"
+    assert chat_input_ids(tokenizer, "Hi!").tolist() == [wrapped]
+    tokenizer.chat_template = None
+    assert encode_prompt(tokenizer, "Hi!") == encode_prompt(tokenizer, "Hi!", "off")  # auto: no template, plain
+    with pytest.raises(ValueError, match="has no chat template"):
+        encode_prompt(tokenizer, "Hi!", "on")
+    with pytest.raises(ValueError, match="must be one of"):
+        encode_prompt(tokenizer, "Hi!", "yes")

@@ -113,7 +113,6 @@ def _chi_square_pvalue(
             score_mode=score_mode, decoding="sampling", phrase_length=2, phrase_tail=2,
         )
     )
-    head.candidate_generator_class = generator_cls
     pool = _RandomPhrases(key_length) if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
@@ -121,7 +120,7 @@ def _chi_square_pvalue(
     for _ in range(NUM_SAMPLES):
         out = target.generate(
             PROMPT, assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE, top_k=0,
-            max_new_tokens=4, pacer_phrases=pool,
+            max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls,
         )
         first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
         counts[first * VOCAB + second] += 1

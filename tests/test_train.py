@@ -14,10 +14,12 @@ from pacer_hf import PacerHead, PacerHeadConfig, PrepackedLinear
 from pacer_hf.cli import main
 from pacer_hf.collection import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.collection import _totals, _write_shard, write_json_atomic
-import pacer_hf.threshold as threshold_module
-from pacer_hf.threshold import CostModel, choose_threshold, head_draft_lengths, measure_cost_model, simulate_decoding
+import pacer_hf.cost_measurement as cost_measurement
+from pacer_hf.cost_measurement import measure_cost_model
+from pacer_hf.threshold import CostModel, choose_threshold, head_draft_lengths, simulate_decoding
 from pacer_hf.tiny_models import tiny_pair
-from pacer_hf.training import TrainingConfig, round_starts, train, window_logprobs, _Batcher
+from pacer_hf.rounds import RoundBatcher, round_starts, window_logprobs
+from pacer_hf.training import TrainingConfig, train
 
 HIDDEN = 16
 HEAD = dict(head_hidden_size=32, num_attention_heads=4, block_size=2, max_draft=8)
@@ -41,6 +43,8 @@ def _synthetic_collection(folder, shuffle_labels: bool = False, sequences: int =
             "greedy_label": (score > 0).to(torch.uint8), "soft_label": soft,
             "token": torch.zeros(length, dtype=torch.long),
             "prompt_index": torch.tensor([s]), "numerics_mismatches": 0,
+            "target_hidden": torch.randn(length, HIDDEN, generator=generator).to(torch.bfloat16),
+            "target_features": torch.randn(length, 3, generator=generator),
         })
     if shuffle_labels:
         labels = torch.cat([r["greedy_label"] for r in records])
@@ -197,12 +201,12 @@ def test_measure_cost_model_fits_round_and_drafted_token_costs(monkeypatch):
     target, draft = tiny_pair("llama", "noisy", seed=0)
     head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
     lengths = []
-    monkeypatch.setattr(threshold_module, "_timed_generate", _fake_generate(0.2, 0.1, 0.8, lengths))
+    monkeypatch.setattr(cost_measurement, "_timed_generate", _fake_generate(0.2, 0.1, 0.8, lengths))
     cost = measure_cost_model(draft, target, head, repeats=2)
     assert cost.draft == pytest.approx(0.5) and cost.verify == 0
     assert sorted(set(lengths)) == [1, 4]  # a draft of 1 and of half of max_draft per round
     # Timings where drafting looks free are noise: refused with a clear error, not turned into a threshold.
-    monkeypatch.setattr(threshold_module, "_timed_generate", _fake_generate(0.2, -0.01, 0.8, []))
+    monkeypatch.setattr(cost_measurement, "_timed_generate", _fake_generate(0.2, -0.01, 0.8, []))
     with pytest.raises(ValueError, match="too noisy"):
         measure_cost_model(draft, target, head, repeats=1)
 
@@ -220,7 +224,7 @@ def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
     target.generate(torch.tensor(prompts), assistant_model=draft, pacer_head=head, max_new_tokens=48, do_sample=False)
     stats = head.last_stats
     span = collection.sequence_slices()[0]
-    draft_length, head_calls = head_draft_lengths(window_logprobs(head, _Batcher(collection, head.config), span),
+    draft_length, head_calls = head_draft_lengths(window_logprobs(head, RoundBatcher(collection, head.config), span),
                                                   head.config.threshold, head.config)
     start = 0
     for drafted, accepted in zip(stats.draft_lengths, stats.accepted_lengths):
@@ -279,7 +283,7 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys, monkeypatch):
                               for model in (draft, target)])
             return CostModel(draft=0.3)
 
-        monkeypatch.setattr(threshold_module, "measure_cost_model", measure)
+        monkeypatch.setattr(cost_measurement, "measure_cost_model", measure)
         assert main(["train", str(tmp_path / "data"), str(tmp_path / "head-prepacked"), "--prepack", "--dtype",
                      "float32", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--epochs",
                      "1", "--head-hidden-size", "32", "--val-fraction", "0.25"]) == 0
@@ -311,12 +315,15 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys, monkeypatch):
 
     # The headroom probe reads the draft's lm_head and scores the head as trained next to its stacks.
     headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
-                   str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "6:10", "--cost-ratio", "0.3",
-                   "--out", str(tmp_path / "headroom")])
+                   str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "6:8", "rest=8:10",
+                   "--cost-ratio", "0.3", "--out", str(tmp_path / "headroom")])
     probe = json.loads((tmp_path / "headroom.json").read_text())
+    # a format-2 collection: the target's round-start candidates are scored too
     assert [r["candidate"] for r in probe["rows"]] == ["head as trained", *headroom.CANDIDATES]
-    assert probe["rows"][0]["threshold"] == head.config.threshold and probe["sequences"] == {"fit": 6, "eval": 4}
-    assert all(0.0 < r["speedup"] <= probe["oracle"] + 1e-9 for r in probe["rows"])
+    assert probe["rows"][0]["threshold"] == head.config.threshold
+    assert probe["sequences"] == {"fit": 6, "6:8": 2, "rest": 2} and probe["eval_sets"] == ["6:8", "rest"]
+    assert all(0.0 < r[name]["speedup"] <= r[name]["oracle"] + 1e-9 for r in probe["rows"] for name in ("6:8", "rest"))
+    assert "| + target features + hidden |" in (tmp_path / "headroom.md").read_text()
     with pytest.raises(SystemExit):
         headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
                        str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "5:10", "--cost-ratio",
