@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     add_arguments(parser)
     args = parser.parse_args(argv)
     if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
-        print("warning: set OMP_WAIT_POLICY=PASSIVE before starting Python, or timings stall (see README)")
+        print("warning: set OMP_WAIT_POLICY=PASSIVE before starting Python, or timings stall (docs/cpu.md)")
     write_report(run(args), args.out)
 
 

@@ -5,11 +5,12 @@ blocks and lets a small trained head stop each draft as soon as a block is predi
 
 ```python
 import pacer_hf
-from pacer_hf import PacerHead
+from pacer_hf import PacerHead, PacerStats
 
 head = PacerHead.from_pretrained("<org>/<head repo or local dir>")
-out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=256)
-print(head.last_stats.summary())
+stats = PacerStats()  # filled by this call only: safe when threads share the head
+out = target.generate(**inputs, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=256)
+print(stats.summary())
 ```
 
 `import pacer_hf` teaches every transformers model the `pacer_head=` argument (set `PACER_HF_NO_PATCH=1` before the
@@ -31,14 +32,14 @@ from .generation import (
     patch_transformers,
     unpatch_transformers,
 )
+from .cost_measurement import measure_cost_model
 from .features import draft_distribution_features
 from .head import PacerHead
+from .hub import push
 from .pair import check_pair_compatible
 from .phrases import PhrasePool
-from .hub import push
-from .prompts import Prompt, load_prompt_set
+from .prompts import Prompt, encode_prompt, load_prompt_set
 from .stats import PacerStats
-from .cost_measurement import measure_cost_model
 from .threshold import CostModel, ThresholdReport, choose_threshold
 from .training import TrainingConfig, TrainResult, train
 
@@ -65,6 +66,7 @@ __all__ = [
     "disable_pacer",
     "draft_distribution_features",
     "enable_pacer",
+    "encode_prompt",
     "is_transformers_patched",
     "load_collection",
     "load_prompt_set",

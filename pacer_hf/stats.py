@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class PacerStats:
-    """Per-call drafting statistics, filled by [`PacerCandidateGenerator`] and readable as
-    `pacer_head.last_stats` after `generate()`.
+    """Per-call drafting statistics, filled by [`PacerCandidateGenerator`]: pass a fresh one as
+    `generate(..., pacer_stats=PacerStats())` and read it after the call (safe when calls overlap), or read
+    `pacer_head.last_stats`, the latest call's.
 
     A round is one target verification: the draft proposes `draft_lengths[i]` tokens, the target accepts
     `accepted_lengths[i]` of them and adds one token of its own (unless EOS or the length limit cut it).
