@@ -44,16 +44,20 @@ from .flags import add_cost_flags, cost_model
 HISTORY_WINDOW = 32
 HISTORY_PRIOR = (0.9, 4.0)  # (rate, pseudo-count): the first rounds of a sequence read mostly the prior
 TARGET_FEATURES = ("target_entropy", "target_top1", "target_margin")  # the collection's target_features columns
+DRAFT_FEATURES = ("draft_logq", "draft_top1", "draft_entropy")  # the head's own features of each drafted token
 L2_GRID = (1e-3, 1e-2, 1e-1, 1.0)  # per-example L2 weight on the hidden projection
-# name: (scalar inputs, reads the target's hidden state)
+# name: (scalar inputs, reads the target's hidden state, reads the head's logit)
 CANDIDATES = {
-    "head, recalibrated": ((), False),
-    "+ history": (("history",), False),
-    "+ margin": (("margin",), False),
-    "+ target features": (TARGET_FEATURES, False),
-    "+ target hidden": ((), True),
-    "+ target features + hidden": (TARGET_FEATURES, True),
-    "+ margin + target features + hidden": (("margin", *TARGET_FEATURES), True),
+    "head, recalibrated": ((), False, True),
+    "+ history": (("history",), False, True),
+    "+ margin": (("margin",), False, True),
+    "+ target features": (TARGET_FEATURES, False, True),
+    "+ target hidden": ((), True, True),
+    "+ target features + hidden": (TARGET_FEATURES, True, True),
+    "+ margin + target features + hidden": (("margin", *TARGET_FEATURES), True, True),
+    # without the head: what the distribution features alone say (no draft hidden state to fit prompts with)
+    "draft features only (no head)": (DRAFT_FEATURES, False, False),
+    "draft + target features (no head)": (DRAFT_FEATURES + TARGET_FEATURES, False, False),
 }
 
 
@@ -151,6 +155,9 @@ def load_sequences(collection, head: PacerHead, sequences: list[int], margin: np
             "history": np.repeat(np.log(history / (1 - history))[:, None], width, axis=1),  # known at round start
             "margin": margin[span][position],
         }
+        draft_features = collection.features[span].double().numpy()[position]  # [n, W, 3]
+        for j, name in enumerate(DRAFT_FEATURES):
+            inputs[name] = draft_features[..., j]
         round_hidden = None
         if collection.target_hidden is not None:
             features = round_start_state(collection.target_features[span].double().numpy())  # [n, 3]
@@ -161,9 +168,11 @@ def load_sequences(collection, head: PacerHead, sequences: list[int], margin: np
     return out
 
 
-def _examples(sequences: list[ScoredSequence], names: tuple[str, ...], width: int, hidden: bool):
+def _examples(sequences: list[ScoredSequence], names: tuple[str, ...], width: int, hidden: bool, head: bool = True):
     parts = [seq.round_examples(names, width) for seq in sequences]
     x = np.concatenate([p[0] for p in parts])  # [E, 1 + d]
+    if not head:
+        x[:, 0] = 0.0  # the stack does not read the head's logit
     y = np.concatenate([p[1] for p in parts])  # [E]
     offsets = np.concatenate([p[2][:, 1] for p in parts])  # [E]
     h = np.concatenate([seq.round_hidden[p[2][:, 0]] for seq, p in zip(sequences, parts)]) if hidden else None
@@ -200,11 +209,16 @@ def _fit(x, y, offsets, h, width: int, l2: float) -> tuple[np.ndarray, float, np
     return w[:-1], float(w[-1]), projection.detach().numpy() if h is not None else None
 
 
-def fit_stack(sequences: list[ScoredSequence], names: tuple[str, ...], width: int, hidden: bool = False) -> Stack:
+def fit_stack(
+    sequences: list[ScoredSequence], names: tuple[str, ...], width: int, hidden: bool = False, head: bool = True
+) -> Stack:
     """Fits the stack on `sequences`. With `hidden`, the L2 weight is the one of `L2_GRID` with the lowest log-loss
-    on the last quarter of `sequences` when fit on the rest; the stack is then refit on all of them."""
+    on the last quarter of `sequences` when fit on the rest; the stack is then refit on all of them. Without `head`
+    the stack ignores the head's logit (its weight is 0)."""
     if not hidden:
-        weights, bias, _ = _fit(*_examples(sequences, names, width, False), width, 0.0)
+        weights, bias, _ = _fit(*_examples(sequences, names, width, False, head), width, 0.0)
+        if not head:
+            weights[0] = 0.0
         return Stack(names, weights, bias)
     x, y, offsets, h = _examples(sequences, names, width, True)
     mean, std = h.mean(axis=0), h.std(axis=0) + 1e-6
@@ -307,8 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     as_trained = Stack((), np.array([1.0]), 0.0)
     rows = [{"candidate": "head as trained", "threshold": config.threshold,
              **{name: score(data[name], as_trained, config, cost, config.threshold) for name in eval_sets}}]
-    for candidate, (names, hidden) in candidates.items():
-        stack = fit_stack(data["fit"], names, config.max_draft, hidden)
+    for candidate, (names, hidden, use_head) in candidates.items():
+        stack = fit_stack(data["fit"], names, config.max_draft, hidden, use_head)
         threshold = best_threshold(data["fit"], stack, config, cost)
         rows.append({"candidate": candidate, "threshold": threshold, "l2": stack.l2,
                      "weights": stack.weights.round(4).tolist(), "bias": round(stack.bias, 4),

@@ -82,3 +82,12 @@ def test_the_hidden_projection_finds_the_informative_direction():
     offset = with_hidden.projection[:, 0] / with_hidden.std
     assert np.dot(offset, direction) / np.linalg.norm(offset) / np.linalg.norm(direction) < -0.7  # predicts rejection
     assert _scored(with_hidden, fit, held)["auc"] > _scored(margin_only, fit, held)["auc"] + 0.01
+
+
+def test_a_stack_without_the_head_ignores_its_logit():
+    fit, held = _sequences(0), _sequences(1)
+    stack = fit_stack(fit, ("margin",), CONFIG.max_draft, head=False)
+    assert stack.weights[0] == 0.0 and stack.weights[1] > 1.0
+    seq = held[0]
+    shuffled = ScoredSequence(seq.labels, -seq.logits, seq.inputs)
+    np.testing.assert_array_equal(stack.logprobs(seq, CONFIG.max_draft), stack.logprobs(shuffled, CONFIG.max_draft))
