@@ -19,8 +19,8 @@ import inspect
 import time
 import types
 import warnings
-from contextvars import ContextVar
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,8 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         return None
     if stats is not None and not isinstance(stats, PacerStats):
         raise TypeError(f"`pacer_stats` must be a `pacer_hf.PacerStats` to fill, got {type(stats).__name__}.")
+    if stats is not None and (stats.draft_lengths or stats.total_time_s):
+        raise ValueError("`pacer_stats` already holds another call's statistics; pass a fresh `PacerStats()` per call.")
     if factory is not None and not callable(factory):
         raise TypeError(
             "`pacer_candidate_generator` must be a `PacerCandidateGenerator` subclass or a callable that builds one "
@@ -120,8 +122,8 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         config = dataclasses.replace(head.config, **overrides)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"Invalid per-call PACER setting: {exc}") from exc
-    return _PacerCall(model=model, head=head, config=config, phrases=phrases, stats=stats or PacerStats(),
-                      generator_factory=factory or PacerCandidateGenerator)
+    return _PacerCall(model=model, head=head, config=config, phrases=phrases, stats=stats if stats is not None else PacerStats(),
+                      generator_factory=factory if factory is not None else PacerCandidateGenerator)
 
 
 def _phrase_pool(value: Any) -> PhrasePool | None:

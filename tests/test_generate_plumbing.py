@@ -177,6 +177,10 @@ def test_pacer_stats_and_generator_arguments_are_checked(pair):
     target, draft = pair
     with pytest.raises(TypeError, match="`pacer_stats` must be a `pacer_hf.PacerStats`"):
         _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_stats={})
+    used = pacer_hf.PacerStats()
+    _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_stats=used)
+    with pytest.raises(ValueError, match="already holds another call's statistics"):
+        _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_stats=used)
     with pytest.raises(TypeError, match="`pacer_candidate_generator` must be"):
         _generate(target, assistant_model=draft, pacer_head=make_head(draft), pacer_candidate_generator="oracle")
     with pytest.raises(TypeError, match="built a AssistedCandidateGenerator"):
