@@ -20,7 +20,8 @@ from .methods import Pair
 DTYPES = ("bfloat16", "float32")
 
 
-def _default(cls: type, name: str) -> Any:
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass `cls`'s field `name`: the one place a flag's default comes from."""
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
@@ -36,7 +37,7 @@ def add_model_flags(parser: argparse.ArgumentParser, pair: str = "tiny") -> None
 
 def add_generation_flags(parser: argparse.ArgumentParser) -> None:
     """`--max-new-tokens`, with the harness's default."""
-    default = _default(Pair, "max_new_tokens")
+    default = field_default(Pair, "max_new_tokens")
     parser.add_argument("--max-new-tokens", type=int, default=default, help=f"new tokens per prompt (default: {default})")
 
 
@@ -46,7 +47,7 @@ def add_cost_flags(parser: argparse.ArgumentParser, prefix: str = "", required: 
     parser.add_argument(f"--{prefix}cost-ratio", type=float, required=required, default=None,
                         help=f"{what}drafted token / round (`python -m eval.costs` measures it)")
     for name, meaning in (("head", "head call"), ("verify", "verified draft token")):
-        default = _default(CostModel, name)
+        default = field_default(CostModel, name)
         parser.add_argument(f"--{prefix}{name}-cost-ratio", type=float, default=default,
                             help=f"{what}{meaning} / round (default: {default})")
 

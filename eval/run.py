@@ -26,7 +26,7 @@ from pacer_hf import PacerHead
 
 from pacer_hf.prompts import Prompt, load_prompt_set
 
-from .flags import _default, add_generation_flags, add_model_flags, load_models
+from .flags import add_generation_flags, add_model_flags, field_default, load_models
 from .methods import Pair, registry
 from .report import finished_prompts, load_records, write_report
 
@@ -136,13 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="*", help="run only these methods (autoregressive always runs)")
     parser.add_argument("--pacer-thresholds", type=float, nargs="+", default=[],
                         help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
-    fixed, lookup = _default(Pair, "fixed_draft_lengths"), _default(Pair, "prompt_lookup_lengths")
+    fixed, lookup = field_default(Pair, "fixed_draft_lengths"), field_default(Pair, "prompt_lookup_lengths")
     parser.add_argument("--fixed", type=int, nargs="+", default=list(fixed), help=f"k of the fixed-k methods "
                         f"(default: {' '.join(map(str, fixed))})")
     parser.add_argument("--prompt-lookup", type=int, nargs="*", default=list(lookup),
                         help="prompt_lookup_num_tokens of the prompt-lookup-kN methods (none: no prompt lookup; "
                         f"default: {' '.join(map(str, lookup))})")
-    entropy = _default(Pair, "entropy_threshold")
+    entropy = field_default(Pair, "entropy_threshold")
     parser.add_argument("--entropy-threshold", type=float, default=entropy,
                         help=f"nats; choose it on a separate split (default: {entropy})")
     parser.add_argument("--seed", type=int, default=0)

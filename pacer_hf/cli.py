@@ -97,11 +97,11 @@ def _train(args: argparse.Namespace) -> int:
 
     from .collection import read_manifest
     from .config import PacerHeadConfig
+    from .cost_measurement import measure_cost_model
     from .cpu_linear import prepack_linear_weights
     from .head import PacerHead
-    from .pair import check_pair_compatible
     from .models import load_model
-    from .cost_measurement import measure_cost_model
+    from .pair import check_pair_compatible
     from .threshold import CostModel
     from .training import TrainingConfig, train
 

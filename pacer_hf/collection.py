@@ -144,15 +144,6 @@ class Collection:
     def num_sequences(self) -> int:
         return self.prompt_index.shape[0]
 
-    def require_target_state(self, what: str) -> None:
-        """Refuses a version-1 collection, which has no target hidden states or features, for `what`."""
-        if self.target_hidden is None:
-            raise ValueError(
-                f"{what} needs the target's hidden states and distribution features, which this collection "
-                f"(format version {self.manifest['format_version']}) does not hold; collect the data again with "
-                f"pacer-hf {__version__}."
-            )
-
     def sequence_slices(self) -> list[slice]:
         bounds = self.sequence_offsets.tolist()
         return [slice(bounds[s], bounds[s + 1]) for s in range(self.num_sequences)]
