@@ -24,7 +24,6 @@ from pacer_hf.rounds import evaluate_head, head_metrics
 from pacer_hf.training import RUN_NAME, split_sequences
 
 from .flags import add_cost_flags, cost_model
-from .methods import EntropyStopHead
 
 MODES = ("greedy", "sampling")
 
@@ -57,13 +56,13 @@ def training_split(run_dir: Path, collection) -> tuple[list[int], list[int]]:
 
 def entropy_rows(reference: PacerHead, thresholds: list[float], collection, split, costs) -> list[dict]:
     """The training-free entropy stop of the harness (stop after a token whose draft entropy exceeds X nats)."""
-    config = dataclasses.replace(reference.config, block_size=1, score_mode="block")
+    config = dataclasses.replace(reference.config, architecture="entropy", block_size=1, score_mode="block")
     free = {mode: dataclasses.replace(cost, head=0.0) for mode, cost in costs.items()}  # features the loop has
     rows = []
     for threshold in thresholds:
-        rule = EntropyStopHead(config, entropy_threshold=threshold).eval()
+        rule = PacerHead(dataclasses.replace(config, entropy_threshold=threshold)).eval()
         row = score_head(f"entropy > {threshold} nats", rule, collection, split, free)
-        rows.append({**row, "architecture": "rule", "trained_on": "-", "parameters": 0})
+        rows.append({**row, "trained_on": "-"})
     return rows
 
 

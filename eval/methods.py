@@ -69,6 +69,8 @@ class Pair:
             instead of its own threshold (e.g. thresholds chosen under two cost models, compared in one run).
         prompt_lookup_lengths (`tuple[int, ...]`): the `prompt_lookup_num_tokens` of the `prompt-lookup-kN` methods
             (transformers' prompt lookup decoding, n-grams of up to 2 tokens as its default).
+        other_heads (`dict[str, PacerHead]`): more heads to compare with `head` in the same run, each as the method
+            `pacer-NAME` at its own threshold.
     """
 
     target: torch.nn.Module
@@ -80,6 +82,7 @@ class Pair:
     fixed_draft_lengths: tuple[int, ...] = (2, 4, 6, 8)
     pacer_thresholds: tuple[float, ...] = ()
     prompt_lookup_lengths: tuple[int, ...] = (10,)
+    other_heads: dict[str, PacerHead] = field(default_factory=dict)
 
     def generation_kwargs(self) -> dict:
         sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
@@ -211,18 +214,6 @@ def confidence(pair: Pair, ids: torch.Tensor) -> RunRecord:
         return _timed(pair, "confidence", ids, assistant_model=pair.draft)
 
 
-class EntropyStopHead(PacerHead):
-    """Training-free entropy stop (AdaEDL/SVIP style) expressed as a rule head: after every drafted token, stop when
-    the draft distribution's entropy exceeds `entropy_threshold` nats. Runs in pacer-hf's draft loop."""
-
-    def __init__(self, config: PacerHeadConfig, entropy_threshold: float = 1.0):
-        super().__init__(config)
-        self.entropy_threshold = entropy_threshold
-
-    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return 50.0 * (self.entropy_threshold - features[..., 2])  # features[..., 2]: entropy of q
-
-
 def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
     return PacerHeadConfig.for_draft(
         pair.draft, decoding="sampling" if pair.do_sample else "greedy",
@@ -231,7 +222,8 @@ def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
 
 
 def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
-    head = EntropyStopHead(_rule_head_config(pair), pair.entropy_threshold)
+    """The training-free entropy stop, `PacerHead.entropy_stop`, in pacer-hf's draft loop."""
+    head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
     return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head)
 
 
@@ -249,6 +241,15 @@ def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecor
 
 
 pacer = pacer_at(None)
+
+
+def other_head(name: str) -> Callable[[Pair, torch.Tensor], RunRecord]:
+    """The head `pair.other_heads[name]` at its own threshold: method `pacer-NAME`."""
+
+    def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
+        return _timed(pair, f"pacer-{name}", ids, assistant_model=pair.draft, pacer_head=pair.other_heads[name])
+
+    return run
 
 
 def pacer_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
@@ -338,6 +339,7 @@ def registry(pair: Pair) -> dict[str, Callable[[Pair, torch.Tensor], RunRecord]]
         methods["pacer"] = pacer
         methods["pacer+phrases"] = pacer_phrases
         methods.update({f"pacer@{t:g}": pacer_at(t) for t in pair.pacer_thresholds})
+    methods.update({f"pacer-{name}": other_head(name) for name in pair.other_heads})
     if not pair.do_sample:
         methods["oracle"] = oracle
     return methods

@@ -31,15 +31,23 @@ from .methods import Pair, registry
 from .report import finished_prompts, load_records, write_report
 
 
-def environment(args: argparse.Namespace, head: PacerHead | None = None) -> dict:
+def _head_settings(head: PacerHead) -> dict:
+    # A folder whose threshold was re-picked is another method, not the same one.
+    return {k: v for k, v in head.config.to_dict().items() if k != "pacer_hf_version"}
+
+
+def environment(args: argparse.Namespace, head: PacerHead | None = None,
+                other_heads: dict[str, PacerHead] | None = None) -> dict:
     return {
         "torch": torch.__version__, "transformers": transformers.__version__, "pacer_hf": pacer_hf.__version__,
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(), "threads": torch.get_num_threads(), "dtype": args.dtype, "pair": args.pair,
         "mode": "sampling" if args.sample else "greedy", "max_new_tokens": args.max_new_tokens,
         "prompts": args.prompts, "head": str(args.head) if args.head else None,
-        # The head's settings too: a folder whose threshold was re-picked is another method, not the same one.
-        "head_config": {k: v for k, v in head.config.to_dict().items() if k != "pacer_hf_version"} if head else None,
+        "head_config": _head_settings(head) if head else None,
+        # Only when set, so that records from before the option still resume.
+        **({"compare_heads": args.compare_heads,
+            "compare_head_configs": {name: _head_settings(h) for name, h in other_heads.items()}} if other_heads else {}),
         "pacer_thresholds": args.pacer_thresholds,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         # Only when set, so that records from before the option still resume.
@@ -85,12 +93,19 @@ def run(args: argparse.Namespace) -> Path:
         raise ValueError("`--pacer-thresholds` runs the `--head` at other thresholds: pass `--head` too.")
     target, draft, encode, tokenizer = load_models(args)
     head = PacerHead.from_pretrained(args.head).to(dtype=getattr(torch, args.dtype)) if args.head else None
+    other_heads = {}
+    for spec in args.compare_heads:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder or name in other_heads:
+            raise ValueError(f"`--compare-heads` takes distinct NAME=FOLDER pairs, got {spec!r}.")
+        other_heads[name] = PacerHead.from_pretrained(folder).to(dtype=getattr(torch, args.dtype))
     for threshold in args.pacer_thresholds:
         dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up
     pair = Pair(
         target, draft, head, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         entropy_threshold=args.entropy_threshold, fixed_draft_lengths=tuple(args.fixed),
         pacer_thresholds=tuple(args.pacer_thresholds), prompt_lookup_lengths=tuple(args.prompt_lookup),
+        other_heads=other_heads,
     )
     methods = registry(pair)
     if args.methods:
@@ -104,7 +119,7 @@ def run(args: argparse.Namespace) -> Path:
     out = args.out.with_suffix(".jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(methods)
-    done = _start_records(out, {**environment(args, head), "methods": names}, resume=args.resume)
+    done = _start_records(out, {**environment(args, head, other_heads), "methods": names}, resume=args.resume)
     warm_up = dataclasses.replace(pair, max_new_tokens=8)
     for method in methods.values():
         method(warm_up, encode(prompts[0].text))
@@ -134,6 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", action="store_true", help="sample at temperature 1 (default: greedy)")
     parser.add_argument("--head", type=str, default=None, help="PACER head folder or Hub id (adds the `pacer` method)")
     parser.add_argument("--methods", nargs="*", help="run only these methods (autoregressive always runs)")
+    parser.add_argument("--compare-heads", nargs="+", default=[], metavar="NAME=FOLDER",
+                        help="more heads (folders or Hub ids), each run at its own threshold as method `pacer-NAME`")
     parser.add_argument("--pacer-thresholds", type=float, nargs="+", default=[],
                         help="also run the head at these thresholds (methods `pacer@T`); choose them off these prompts")
     fixed, lookup = field_default(Pair, "fixed_draft_lengths"), field_default(Pair, "prompt_lookup_lengths")

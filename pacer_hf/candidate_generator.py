@@ -8,7 +8,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.logits_process import MinLengthLogitsProcessor
@@ -18,6 +17,7 @@ from .features import draft_distribution_features
 from .head import PacerHead
 from .phrases import PhrasePool
 from .stats import PacerStats
+from .stop_rule import says_stop
 
 # A round whose context matches a phrase on at least this many tokens sends the phrase without drafting. Sized on
 # training prompts (docs/phrase-drafting.md): 2-3-token keys are confirmed 40-83% of the time, 1-token keys 19-25%.
@@ -87,7 +87,6 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         self.stats = stats if stats is not None else PacerStats()
         self.do_sample = bool(self.generation_config.do_sample)
         self._log_threshold = log_threshold(self.config.threshold)
-        self._head_param = next(pacer_head.parameters())
 
         eos = self.generation_config._eos_token_tensor
         self._eos = eos.to(assistant_model.device) if eos is not None else None
@@ -273,19 +272,13 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
     def _head_says_stop(
         self, hidden: list[torch.Tensor], scores: list[torch.Tensor], block_tokens: torch.LongTensor, features: list
     ) -> bool:
-        """Scores the round so far and says whether its pass score fell below the threshold."""
+        """Scores the round so far with the shared stop rule ([`says_stop`]) and says whether it stops."""
         start = time.perf_counter()
         block_size = block_tokens.shape[1]
         block_scores = torch.stack(scores[-block_size:], dim=1)  # [1, block, V]
         features.append(draft_distribution_features(block_scores, block_tokens))  # [1, block, F]
-        param = self._head_param
-        round_hidden = torch.stack(hidden, dim=1).to(device=param.device, dtype=param.dtype)  # [1, k, H]
-        round_features = torch.cat(features, dim=1).to(device=param.device, dtype=param.dtype)  # [1, k, F]
-        accept_logit = self.head(round_hidden, round_features).float()  # [1, k]
-        log_accept = F.logsigmoid(accept_logit)  # [1, k]: log P(accept token i | earlier tokens accepted)
-        if self.config.score_mode == "block":
-            log_accept = log_accept[:, -block_size:]
-        stop = log_accept.sum().item() < self._log_threshold  # pass score = product of acceptance probabilities
+        # [1, k, H] and [1, k, F]: the whole round so far
+        stop = bool(says_stop(self.head, torch.stack(hidden, dim=1), torch.cat(features, dim=1), self.config))
         self.stats.head_calls += 1
         self.stats.head_time_s += time.perf_counter() - start
         return stop

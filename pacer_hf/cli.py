@@ -188,9 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser(
-        "demo", help="the real pair with its trained head against plain greedy: text, statistics, speed-up, equality"
+        "demo", help="the real pair with PACER against plain greedy: text, statistics, speed-up, equality"
     )
-    demo.add_argument("--head", default=None, help="head folder or Hub id (default: the committed head in hub_cards/)")
+    demo.add_argument("--head", default=None, help="`entropy` (the training-free entropy rule, the default), a head "
+                      "folder (the trained one: hub_cards/pacer-qwen2.5-coder-0.5b-to-1.5b) or a Hub id")
     demo.add_argument("--pair", default=DEFAULT_PAIR, help="pinned draft/target pair (see `pacer-hf models list`)")
     demo.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="float32: outputs must be equal exactly (default); bfloat16: faster, near-ties may flip")

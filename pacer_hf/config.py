@@ -8,7 +8,7 @@ from typing import Any
 
 from ._version import __version__
 
-ARCHITECTURES = ("attention", "mlp")
+ARCHITECTURES = ("attention", "mlp", "entropy")
 SCORE_MODES = ("round", "block")
 DECODING_MODES = ("greedy", "sampling")
 
@@ -48,6 +48,8 @@ class PacerHeadConfig:
         architecture (`str`, defaults to `"attention"`):
             `"attention"`: one causal self-attention block over the round's positions, then an MLP (reference).
             `"mlp"`: a per-token MLP (ablation).
+            `"entropy"`: no weights, a rule: a token passes when the entropy of the draft distribution it was drawn
+            from is at most `entropy_threshold` (AdaEDL/SVIP style). Nothing to train; see [`PacerHead.entropy_stop`].
         head_hidden_size (`int`, defaults to 128):
             Width of the head's residual stream.
         num_attention_heads (`int`, defaults to 4):
@@ -71,6 +73,9 @@ class PacerHeadConfig:
             drafted tokens, with one-hot candidate rows.
         decoding (`str`, defaults to `"greedy"`):
             The decoding mode whose acceptance labels the head was trained on (`"greedy"` or `"sampling"`).
+        entropy_threshold (`float`, defaults to 1.0):
+            Nats; the `"entropy"` architecture's rule (ignored by the others). 1.0 was chosen for Qwen2.5-Coder
+            0.5B -> 1.5B on prompts disjoint from every evaluation set (`python -m eval.tune_entropy`).
         temperature (`float`, defaults to 1.0):
             Sampling temperature of the soft acceptance labels a `"sampling"` head was trained on (ignored for
             `"greedy"`); `pacer-hf train` copies it from the collected data.
@@ -94,6 +99,7 @@ class PacerHeadConfig:
     phrase_length: int = field(default=8, metadata={"help": "Most phrase tokens the draft confirms per forward."})
     phrase_tail: int = field(default=16, metadata={"help": "Most phrase tokens sent without the draft."})
     decoding: str = field(default="greedy", metadata={"help": f"One of {DECODING_MODES}."})
+    entropy_threshold: float = field(default=1.0, metadata={"help": "Nats; the entropy rule's threshold."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of a sampling head's labels."})
     pacer_hf_version: str = field(default=__version__, metadata={"help": "pacer-hf version that wrote it."})
 
@@ -120,6 +126,10 @@ class PacerHeadConfig:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
             raise ValueError(f"`temperature` must be a number > 0, got {self.temperature!r}.")
         self.temperature = float(self.temperature)
+        entropy = self.entropy_threshold
+        if isinstance(entropy, bool) or not isinstance(entropy, (int, float)) or not entropy >= 0:
+            raise ValueError(f"`entropy_threshold` must be a number >= 0 (nats), got {self.entropy_threshold!r}.")
+        self.entropy_threshold = float(entropy)
         for name, allowed in (
             ("architecture", ARCHITECTURES),
             ("score_mode", SCORE_MODES),

@@ -68,10 +68,10 @@ def measure_cost_model(
             f"the timings of this machine were too noisy to measure the pair's costs (a round {1000 * round_s:.1f} "
             f"ms, a drafted token {1000 * drafted_s:.1f} ms); run alone, or pass the cost ratio by hand."
         )
-    param = next(head.parameters())
     positions = max(config.max_draft // 2, 1)  # a typical round: half of W (the head scores the whole round so far)
-    hidden = torch.randn(1, positions, config.draft_hidden_size, generator=generator).to(param)  # [1, k, H]
-    features = torch.randn(1, positions, NUM_DISTRIBUTION_FEATURES, generator=generator).to(param)  # [1, k, F]
+    inputs = {"device": head.device, "dtype": head.dtype}
+    hidden = torch.randn(1, positions, config.draft_hidden_size, generator=generator).to(**inputs)  # [1, k, H]
+    features = torch.randn(1, positions, NUM_DISTRIBUTION_FEATURES, generator=generator).to(**inputs)  # [1, k, F]
     scores = torch.randn(1, config.block_size, config.vocab_size, generator=generator).to(draft.device)  # [1, b, V]
     head_times = []
     with torch.no_grad():

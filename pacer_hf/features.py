@@ -8,6 +8,7 @@ import torch
 # Features of the processed draft distribution at a drafted position: log q(drafted token), log q(top-1) and the
 # entropy of q. Their order is part of the saved-head format.
 NUM_DISTRIBUTION_FEATURES = 3
+ENTROPY_FEATURE = 2  # index of the entropy of q among them
 # log q of a drafted token is floored here: under top-k/top-p processing q can be exactly 0 elsewhere, and the
 # head must never see -inf.
 LOGPROB_FLOOR = -30.0

@@ -108,7 +108,8 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
     generation_config = arguments.get("generation_config") or model.generation_config
     _check_decoding_mode(generation_config, extra)
     sampling = bool(extra.get("do_sample", generation_config.do_sample))
-    if head.config.decoding != ("sampling" if sampling else "greedy"):
+    # A rule (the entropy stop) was never trained on labels of either mode.
+    if head.config.architecture != "entropy" and head.config.decoding != ("sampling" if sampling else "greedy"):
         warnings.warn(
             f"`pacer_head` was trained on {head.config.decoding} acceptance labels, but this call "
             f"{'samples' if sampling else 'decodes greedily'}. The output stays exact; only the head's stops are "

@@ -25,7 +25,7 @@ from torch import nn
 
 from ._version import __version__
 from .config import PacerHeadConfig
-from .features import NUM_DISTRIBUTION_FEATURES
+from .features import ENTROPY_FEATURE, NUM_DISTRIBUTION_FEATURES
 from .model_card import build_model_card
 
 WEIGHTS_NAME = "model.safetensors"
@@ -33,6 +33,10 @@ CONFIG_NAME = "config.json"
 # Initial classifier bias: sigmoid(10) = 0.99995, so an untrained head predicts "accept" everywhere and drafting
 # continues to `max_draft` (plain fixed-length drafting) for any threshold below 0.999.
 CONTINUE_LOGIT = 10.0
+# The entropy rule's acceptance logit per nat below its threshold: a step, 0.1 nat from the threshold already
+# sigmoid(+-5) = 0.993 / 0.007, so with `block_size=1`, `score_mode="block"` and `threshold=0.5` a round stops right
+# after the first token whose draft entropy exceeds the threshold.
+ENTROPY_LOGIT_SCALE = 50.0
 
 
 class _CausalSelfAttention(nn.Module):
@@ -67,6 +71,8 @@ class PacerHead(
     [`draft_distribution_features`] of the processed draft distribution. The reference architecture is one
     causal self-attention block over the round's positions followed by an MLP; `config.architecture="mlp"` is
     the per-token ablation. An untrained head predicts "accept" everywhere (see `CONTINUE_LOGIT`).
+    `config.architecture="entropy"` is a training-free rule with no weights ([`PacerHead.entropy_stop`]): for greedy
+    decoding on the Qwen2.5-Coder pair it stops as well as the trained heads or better (docs/qwen-head.md).
 
     Weights are saved as `model.safetensors` next to `config.json` (a [`PacerHeadConfig`]); nothing is pickled.
 
@@ -91,6 +97,13 @@ class PacerHead(
         if not isinstance(config, PacerHeadConfig):
             raise TypeError(f"`config` must be a `PacerHeadConfig`, got {type(config).__name__}.")
         self.config = config
+        # PacerStats of the latest generate() call with this head: a convenience for one caller at a time. Calls that
+        # may overlap (threads) pass their own `generate(..., pacer_stats=PacerStats())`.
+        self.last_stats = None
+        if config.architecture == "entropy":
+            # Not saved (the config holds it); a buffer so that `.to()` gives the rule the head's device and dtype.
+            self.register_buffer("entropy_threshold", torch.tensor(config.entropy_threshold), persistent=False)
+            return
         width = config.head_hidden_size
         self.hidden_norm = nn.LayerNorm(config.draft_hidden_size)
         self.hidden_proj = nn.Linear(config.draft_hidden_size, width)
@@ -105,9 +118,6 @@ class PacerHead(
         self.classifier = nn.Linear(width, 1)
         nn.init.zeros_(self.classifier.weight)
         nn.init.constant_(self.classifier.bias, CONTINUE_LOGIT)
-        # PacerStats of the latest generate() call with this head: a convenience for one caller at a time. Calls that
-        # may overlap (threads) pass their own `generate(..., pacer_stats=PacerStats())`.
-        self.last_stats = None
 
     def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Acceptance logits for the drafted positions of one round.
@@ -122,6 +132,8 @@ class PacerHead(
             `torch.FloatTensor` of shape `(batch_size, num_draft_tokens)`: log-odds that the target accepts each
             token given that the earlier tokens of the round were accepted.
         """
+        if self.config.architecture == "entropy":
+            return ENTROPY_LOGIT_SCALE * (self.entropy_threshold - features[..., ENTROPY_FEATURE])  # [B, k]
         num_draft_tokens = hidden_states.shape[1]
         positions = torch.arange(num_draft_tokens, device=hidden_states.device).clamp(max=self.config.max_draft - 1)
         x = self.hidden_proj(self.hidden_norm(hidden_states)) + self.feature_proj(features)  # [B, k, D]
@@ -131,9 +143,39 @@ class PacerHead(
         x = x + self.mlp(self.mlp_norm(x))
         return self.classifier(self.out_norm(x)).squeeze(-1)  # [B, k]
 
+    @classmethod
+    def entropy_stop(cls, draft: nn.Module, entropy_threshold: float | None = None, **settings: Any) -> "PacerHead":
+        """The training-free entropy rule as a head: drafting stops right after the first token whose processed draft
+        distribution has an entropy above `entropy_threshold` nats, or at `max_draft`.
+
+        ```python
+        >>> head = PacerHead.entropy_stop(draft)  # 1.0 nats, chosen for Qwen2.5-Coder 0.5B -> 1.5B
+        >>> out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=64)
+        ```
+
+        Args:
+            draft (`nn.Module`): the draft model (sizes the config, for the same pair check as a trained head).
+            entropy_threshold (`float`, *optional*): nats; defaults to `PacerHeadConfig`'s.
+            settings: other [`PacerHeadConfig`] fields (`max_draft`, `phrase_tail`, ...).
+        """
+        rule = {"architecture": "entropy", "block_size": 1, "score_mode": "block", "threshold": 0.5}
+        if entropy_threshold is not None:
+            rule["entropy_threshold"] = entropy_threshold
+        return cls(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
+
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @property
+    def device(self) -> torch.device:
+        """Where the head's inputs go."""
+        return self.entropy_threshold.device if self.config.architecture == "entropy" else self.classifier.bias.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the head's inputs."""
+        return self.entropy_threshold.dtype if self.config.architecture == "entropy" else self.classifier.bias.dtype
 
     # ---- saving and loading -------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ datasets, license and, when measured, a `model-index` of speed-ups.
 """
 
 from collections.abc import Mapping, Sequence
-from importlib import resources
+from importlib import metadata, resources
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -18,6 +18,15 @@ from .config import PacerHeadConfig
 
 TEMPLATE_NAME = "pacer_head_card.md"
 BASE_MODEL_RELATION = "adapter"
+
+
+def _installed(distribution: str) -> dict[str, str]:
+    """`{distribution: version}` if it is installed. Read from its metadata, not imported: the head and its card
+    must stay usable where transformers is another version or absent (a serving engine's environment)."""
+    try:
+        return {distribution: metadata.version(distribution)}
+    except metadata.PackageNotFoundError:
+        return {}
 
 
 def _hub_model_id(name_or_path: str | None) -> str | None:
@@ -78,7 +87,6 @@ def build_model_card(
         _apply_metadata(card.data, config, mixin_data, repo_id, datasets, speedups)
         return card
     import torch
-    import transformers
 
     data = ModelCardData()
     _apply_metadata(data, config, mixin_data, repo_id, datasets, speedups)
@@ -88,5 +96,5 @@ def build_model_card(
         data, template_str=template, config=config.to_dict(), draft=config.draft_name_or_path,
         target=config.target_name_or_path, repo_id=repo_id, num_parameters=f"{num_parameters:,}", metrics=metrics,
         best_fixed_speedup=best_fixed, speedups=dict(sorted(speedups.items())) if speedups else None,
-        versions={"transformers": transformers.__version__, "torch": torch.__version__},
+        versions={**_installed("transformers"), "torch": torch.__version__},
     )

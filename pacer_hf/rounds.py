@@ -95,7 +95,7 @@ class RoundBatcher:
 
 def predict_rounds(head: PacerHead, batcher: RoundBatcher, rounds: torch.Tensor) -> tuple[np.ndarray, ...]:
     """Acceptance probabilities, labels and weights of the valid positions of `rounds` `[R, 2]`."""
-    device = next(head.parameters()).device
+    device = head.device
     probs, labels, weights = [], [], []
     with torch.no_grad():
         for chunk in rounds.split(EVAL_BATCH_SIZE):
@@ -136,7 +136,7 @@ def window_logprobs(head: PacerHead, batcher: RoundBatcher, span: slice) -> np.n
     """Log acceptance probabilities `(n, W)` of a round starting at every position of one sequence."""
     starts = torch.arange(span.start, span.stop)  # [n]
     rounds = torch.stack([starts, (span.stop - starts).clamp(max=batcher.width)], dim=1)  # [n, 2]
-    device = next(head.parameters()).device
+    device = head.device
     out = []
     with torch.no_grad():
         for chunk in rounds.split(EVAL_BATCH_SIZE):

@@ -241,6 +241,11 @@ def train(
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
+    if head_config is not None and head_config.architecture == "entropy":
+        raise ValueError(
+            "The `entropy` architecture is a rule with no weights: there is nothing to train. Build it with "
+            "`PacerHead.entropy_stop(draft)`, or train an `attention` or `mlp` head."
+        )
     started = time.perf_counter()
     config = config if config is not None else TrainingConfig()
     output_dir = Path(output_dir)

@@ -1,4 +1,4 @@
-"""The heads committed in `hub_cards/` for Qwen2.5-Coder 0.5B -> 1.5B (greedy, the demo's, and sampling): they load,
+"""The heads committed in `hub_cards/` for Qwen2.5-Coder 0.5B -> 1.5B (greedy and sampling): they load,
 they are for the draft they claim, they keep generation lossless, they refuse another draft, their cards render."""
 
 import copy
@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from pacer_hf import PacerHead, check_pair_compatible
-from pacer_hf.demo import DEFAULT_HEAD
+from pacer_hf.demo import TRAINED_HEAD
 from pacer_hf.hub import CARD_NAME, UPLOADED_FILES, prepare_upload
 from pacer_hf.models import PAIRS, PINNED_MODELS
 from pacer_hf.tiny_models import tiny_pair
@@ -20,12 +20,12 @@ from pacer_hf.tiny_models import tiny_pair
 # tokenizer's 151,665 tokens).
 QWEN_DRAFT_HIDDEN, QWEN_VOCAB = 896, 151936
 # The folder of each committed head, by the decoding mode it was trained for.
-COMMITTED = {"greedy": DEFAULT_HEAD, "sampling": DEFAULT_HEAD.with_name(DEFAULT_HEAD.name + "-sampling")}
+COMMITTED = {"greedy": TRAINED_HEAD, "sampling": TRAINED_HEAD.with_name(TRAINED_HEAD.name + "-sampling")}
 
 
 @pytest.fixture(scope="module")
 def head() -> PacerHead:
-    return PacerHead.from_pretrained(DEFAULT_HEAD).eval()
+    return PacerHead.from_pretrained(TRAINED_HEAD).eval()
 
 
 @pytest.mark.parametrize("decoding", COMMITTED)

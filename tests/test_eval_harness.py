@@ -180,14 +180,20 @@ def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_chan
     folder = tmp_path / "head"
     make_head(draft, "random").save_pretrained(folder)
     prompts = str(tmp_path / "prompts.txt")
-    args = ("--prompts", f"{prompts}:0:2", "--head", str(folder), "--methods", "pacer", "pacer@0.9")
+    PacerHead.entropy_stop(draft).save_pretrained(tmp_path / "rule")
+    args = ("--prompts", f"{prompts}:0:2", "--head", str(folder), "--compare-heads", f"rule={tmp_path / 'rule'}",
+            "--methods", "pacer", "pacer@0.9", "pacer-rule")
     with pytest.raises(ValueError, match="--head"):
         run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2", "--pacer-thresholds", "0.9"))
+    with pytest.raises(ValueError, match="NAME=FOLDER"):
+        run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2", "--compare-heads", str(folder)))
     out = run(_bench_args(tmp_path, *args, "--pacer-thresholds", "0.9"))
     environment, records = load_records(out)
-    assert environment["methods"] == ["autoregressive", "pacer", "pacer@0.9"]
+    assert environment["methods"] == ["autoregressive", "pacer", "pacer@0.9", "pacer-rule"]
     assert environment["head_config"]["threshold"] == 0.5
-    assert {r["method"] for r in records} == {"autoregressive", "pacer", "pacer@0.9"}
+    assert environment["compare_head_configs"]["rule"]["architecture"] == "entropy"
+    assert {r["method"] for r in records} == {"autoregressive", "pacer", "pacer@0.9", "pacer-rule"}
+    assert all(r["head_s"] is not None for r in records if r["method"] == "pacer-rule")  # it ran in pacer-hf's loop
     # The same folder with a re-picked threshold is another head: resuming would mix two methods under one name.
     head = make_head(draft, "random")
     head.save_pretrained(folder, config=dataclasses.replace(head.config, threshold=0.7))

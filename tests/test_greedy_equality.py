@@ -52,6 +52,7 @@ def test_head_kinds_behave_as_named():
     assert set(lengths["always"]) == {8}
     assert set(lengths["never"]) == {2}
     assert len(set(lengths["random"])) > 1  # the mixed case: stops at different blocks
+    assert len(set(lengths["entropy"])) > 1
 
 
 def test_greedy_equality_when_eos_inside_block():

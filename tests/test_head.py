@@ -1,5 +1,6 @@
 """PacerHead and PacerHeadConfig: shapes, initial behaviour, causality, save/load round trips and bad files."""
 
+import dataclasses
 import json
 import os
 
@@ -8,6 +9,8 @@ import torch
 
 from pacer_hf import PacerHead, PacerHeadConfig, draft_distribution_features
 from pacer_hf.head import CONTINUE_LOGIT
+from pacer_hf.stop_rule import log_pass_scores, says_stop
+from pacer_hf.tiny_models import tiny_model
 
 
 def _config(**overrides) -> PacerHeadConfig:
@@ -131,6 +134,7 @@ def test_from_pretrained_weights_of_another_shape_is_an_error(tmp_path):
         ({"score_mode": "mean"}, "score_mode"),
         ({"decoding": "beam"}, "decoding"),
         ({"head_hidden_size": 30, "num_attention_heads": 4}, "divisible"),
+        ({"entropy_threshold": -1.0}, "entropy_threshold"),
     ],
 )
 def test_config_rejects_bad_values(overrides, message):
@@ -141,3 +145,49 @@ def test_config_rejects_bad_values(overrides, message):
 def test_config_rejects_non_numeric_threshold():
     with pytest.raises(TypeError, match="threshold"):
         _config(threshold="high")
+
+
+def test_entropy_stop_is_a_weightless_rule_that_saves_loads_and_casts(tmp_path):
+    draft = tiny_model("qwen2", seed=1)
+    head = PacerHead.entropy_stop(draft, 2.0)
+    assert head.num_parameters == 0
+    assert (head.config.architecture, head.config.block_size, head.config.score_mode) == ("entropy", 1, "block")
+    scores = torch.randn(1, 6, 96) * torch.tensor([0.1, 0.1, 5.0, 5.0, 1.0, 3.0]).view(1, 6, 1)  # flat to peaked
+    features = draft_distribution_features(scores, scores.argmax(-1))  # [1, 6, 3]
+    logits = head(torch.randn(1, 6, 32), features)
+    assert torch.equal(logits > 0, features[..., 2] < 2.0)  # passes exactly the tokens with entropy < 2 nats
+    assert (logits > 0).any() and (logits < 0).any()
+
+    head.save_pretrained(tmp_path / "rule")
+    loaded = PacerHead.from_pretrained(tmp_path / "rule")
+    assert loaded.config == head.config and loaded.config.entropy_threshold == 2.0
+    torch.testing.assert_close(loaded(torch.randn(1, 6, 32), features), logits)
+    half = loaded.to(torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and half(torch.randn(1, 6, 32), features.bfloat16()).dtype == torch.bfloat16
+
+
+def test_train_refuses_the_entropy_rule(tmp_path):
+    from pacer_hf import CostModel, train
+
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(tmp_path / "data", tmp_path / "head", cost=CostModel(draft=0.3),
+              head_config=_config(architecture="entropy"))
+
+
+@pytest.mark.parametrize("score_mode", ["round", "block"])
+def test_stop_rule_scores_rounds_in_a_batch_as_one_at_a_time(score_mode):
+    head = PacerHead(_config(block_size=2, score_mode=score_mode))
+    torch.nn.init.normal_(head.classifier.weight, std=0.1)
+    torch.nn.init.constant_(head.classifier.bias, 2.0)
+    hidden, features = torch.randn(5, 4, 32), torch.randn(5, 4, 3)  # 5 rounds of 4 drafted tokens (2 blocks)
+    batched = log_pass_scores(head, hidden, features)
+    single = torch.cat([log_pass_scores(head, hidden[i : i + 1], features[i : i + 1]) for i in range(5)])
+    torch.testing.assert_close(batched, single)
+    log_accept = torch.nn.functional.logsigmoid(head(hidden, features))  # [5, 4]
+    expected = log_accept.sum(-1) if score_mode == "round" else log_accept[:, 2:].sum(-1)
+    torch.testing.assert_close(batched, expected)
+    # At the median pass score, rounds below it stop and the others draft on (per-call settings apply).
+    config = dataclasses.replace(head.config, threshold=batched.exp().median().item())
+    assert says_stop(head, hidden, features, config).tolist() == (batched < batched.median()).tolist()
+    assert says_stop(head, hidden, features, config).sum() == 2
+    assert not says_stop(head, hidden, features, dataclasses.replace(config, threshold=0.0)).any()  # 0 never stops

@@ -17,6 +17,31 @@ def test_importing_the_library_and_building_its_cli_never_imports_the_harness():
     assert out.strip() == "[]"
 
 
+def _external_imports(path: Path) -> set[str]:
+    """The top-level packages other than pacer_hf that `path` imports, function-local imports included."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names - {"pacer_hf"} - set(sys.stdlib_module_names)
+
+
+def test_the_stop_rule_and_the_head_need_only_torch_safetensors_and_the_hub_client():
+    """What a serving engine (vLLM) loads to stop its drafts with a PACER head: never transformers, whose version
+    such an engine pins elsewhere, nor anything of the generate() route."""
+    closure, todo = set(), ["stop_rule"]
+    while todo:
+        name = todo.pop()
+        if name not in closure:
+            closure.add(name)
+            todo += sorted(_imports(PACKAGE / f"{name}.py"))
+    assert closure == {"stop_rule", "head", "config", "features", "model_card", "_version"}
+    needed = set().union(*(_external_imports(PACKAGE / f"{name}.py") for name in closure))
+    assert needed == {"torch", "safetensors", "huggingface_hub"}
+
+
 def _imports(path: Path) -> set[str]:
     """The pacer_hf modules `path` imports, function-local imports included."""
     names = set()

@@ -7,6 +7,7 @@ from) must fail it. The head used stops based on the drafted token's own probabi
 exactness: a rule that looked at the rejected block's content to drop it would bias the output.
 """
 
+import dataclasses
 import math
 import random
 
@@ -105,14 +106,16 @@ class _TakesPhraseTokens(PacerCandidateGenerator):
 
 def _chi_square_pvalue(
     target, draft, joint: np.ndarray, generator_cls, block_size: int = 1, score_mode: str = "round", max_draft: int = 3,
-    phrases: bool = False, key_length: int = 1,
+    phrases: bool = False, key_length: int = 1, entropy_threshold: float | None = None,
 ) -> float:
-    head = _TokenProbabilityHead(
-        PacerHeadConfig(
-            vocab_size=VOCAB, draft_hidden_size=32, block_size=block_size, max_draft=max_draft, threshold=0.5,
-            score_mode=score_mode, decoding="sampling", phrase_length=2, phrase_tail=2,
-        )
+    config = PacerHeadConfig(
+        vocab_size=VOCAB, draft_hidden_size=32, block_size=block_size, max_draft=max_draft, threshold=0.5,
+        score_mode=score_mode, decoding="sampling", phrase_length=2, phrase_tail=2,
     )
+    if entropy_threshold is None:
+        head = _TokenProbabilityHead(config)
+    else:  # the library's weightless rule: stops that depend on the drafted prefix through q's entropy
+        head = PacerHead(dataclasses.replace(config, architecture="entropy", entropy_threshold=entropy_threshold))
     pool = _RandomPhrases(key_length) if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
@@ -146,6 +149,11 @@ def test_sampling_matches_target_distribution(pair_and_exact_joint):
 @pytest.mark.parametrize("broken_cls", [_DropsFailedBlock, _ReturnsUnprocessedLogits])
 def test_sampling_test_catches_broken_generator(pair_and_exact_joint, broken_cls):
     assert _chi_square_pvalue(*pair_and_exact_joint, broken_cls) < 1e-5
+
+
+def test_sampling_with_the_entropy_rule_matches_target_distribution(pair_and_exact_joint):
+    # 1.3 nats: about the median entropy of this draft's q at temperature 0.7 over the 8 tokens
+    assert _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, entropy_threshold=1.3) > 1e-3
 
 
 @pytest.mark.parametrize("block_size, score_mode", [(2, "block"), (2, "round")])

@@ -299,7 +299,7 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys, monkeypatch):
                     "--out", str(tmp_path / "ablations")])
     rows = json.loads((tmp_path / "ablations.json").read_text())["rows"]
     row = rows[0]
-    assert [r["architecture"] for r in rows[1:]] == ["rule"] * 4  # the entropy stop's reference rows
+    assert [r["architecture"] for r in rows[1:]] == ["entropy"] * 4  # the entropy stop's reference rows
     trained = json.loads((tmp_path / "head" / "training_metrics.json").read_text())["threshold"]
     assert row["greedy"]["threshold"] == trained["best_threshold"] == head.config.threshold
     assert row["greedy"]["speedup"] == pytest.approx(trained["best_speedup"])
