@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from pacer_hf import CostModel, PacerHead, TrainingConfig, load_collection
+from pacer_hf.head import ENTROPY_RULE_SETTINGS
 from pacer_hf.rounds import evaluate_head, head_metrics
 from pacer_hf.training import RUN_NAME, split_sequences
 
@@ -56,7 +57,7 @@ def training_split(run_dir: Path, collection) -> tuple[list[int], list[int]]:
 
 def entropy_rows(reference: PacerHead, thresholds: list[float], collection, split, costs) -> list[dict]:
     """The training-free entropy stop of the harness (stop after a token whose draft entropy exceeds X nats)."""
-    config = dataclasses.replace(reference.config, architecture="entropy", block_size=1, score_mode="block")
+    config = dataclasses.replace(reference.config, **ENTROPY_RULE_SETTINGS)  # score_head picks the pass-score threshold
     free = {mode: dataclasses.replace(cost, head=0.0) for mode, cost in costs.items()}  # features the loop has
     rows = []
     for threshold in thresholds:

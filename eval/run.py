@@ -47,7 +47,8 @@ def environment(args: argparse.Namespace, head: PacerHead | None = None,
         "head_config": _head_settings(head) if head else None,
         # Only when set, so that records from before the option still resume.
         **({"compare_heads": args.compare_heads,
-            "compare_head_configs": {name: _head_settings(h) for name, h in other_heads.items()}} if other_heads else {}),
+            "compare_head_configs": {name: _head_settings(h) for name, h in other_heads.items()}}
+           if other_heads else {}),
         "pacer_thresholds": args.pacer_thresholds,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         # Only when set, so that records from before the option still resume.
@@ -92,13 +93,16 @@ def run(args: argparse.Namespace) -> Path:
     if args.pacer_thresholds and not args.head:
         raise ValueError("`--pacer-thresholds` runs the `--head` at other thresholds: pass `--head` too.")
     target, draft, encode, tokenizer = load_models(args)
-    head = PacerHead.from_pretrained(args.head).to(dtype=getattr(torch, args.dtype)) if args.head else None
+    def load_head(folder: str) -> PacerHead:
+        return PacerHead.from_pretrained(folder).to(dtype=getattr(torch, args.dtype))
+
+    head = load_head(args.head) if args.head else None
     other_heads = {}
     for spec in args.compare_heads:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder or name in other_heads:
             raise ValueError(f"`--compare-heads` takes distinct NAME=FOLDER pairs, got {spec!r}.")
-        other_heads[name] = PacerHead.from_pretrained(folder).to(dtype=getattr(torch, args.dtype))
+        other_heads[name] = load_head(folder)
     for threshold in args.pacer_thresholds:
         dataclasses.replace(head.config, threshold=threshold)  # validates it now, not after the warm-up
     pair = Pair(

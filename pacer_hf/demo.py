@@ -74,7 +74,7 @@ def run_demo(
     from .models import load_pair
     from .prompts import chat_input_ids
 
-    if head != ENTROPY_RULE and isinstance(head, Path) and not head.is_dir():
+    if isinstance(head, Path) and not head.is_dir():
         raise ValueError(
             f"The head folder `{head}` does not exist. The trained head ships in the repository's `hub_cards/` (use "
             "an editable install of a clone); or pass `--head` with a local folder, a Hub id or `entropy`."

@@ -123,7 +123,8 @@ def _pop_pacer_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         config = dataclasses.replace(head.config, **overrides)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"Invalid per-call PACER setting: {exc}") from exc
-    return _PacerCall(model=model, head=head, config=config, phrases=phrases, stats=stats if stats is not None else PacerStats(),
+    return _PacerCall(model=model, head=head, config=config, phrases=phrases,
+                      stats=stats if stats is not None else PacerStats(),
                       generator_factory=factory if factory is not None else PacerCandidateGenerator)
 
 

@@ -37,6 +37,8 @@ CONTINUE_LOGIT = 10.0
 # sigmoid(+-5) = 0.993 / 0.007, so with `block_size=1`, `score_mode="block"` and `threshold=0.5` a round stops right
 # after the first token whose draft entropy exceeds the threshold.
 ENTROPY_LOGIT_SCALE = 50.0
+# The drafting settings under which the entropy rule stops exactly at the first token above its threshold.
+ENTROPY_RULE_SETTINGS = {"architecture": "entropy", "block_size": 1, "score_mode": "block", "threshold": 0.5}
 
 
 class _CausalSelfAttention(nn.Module):
@@ -158,7 +160,7 @@ class PacerHead(
             entropy_threshold (`float`, *optional*): nats; defaults to `PacerHeadConfig`'s.
             settings: other [`PacerHeadConfig`] fields (`max_draft`, `phrase_tail`, ...).
         """
-        rule = {"architecture": "entropy", "block_size": 1, "score_mode": "block", "threshold": 0.5}
+        rule = dict(ENTROPY_RULE_SETTINGS)
         if entropy_threshold is not None:
             rule["entropy_threshold"] = entropy_threshold
         return cls(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
@@ -170,12 +172,17 @@ class PacerHead(
     @property
     def device(self) -> torch.device:
         """Where the head's inputs go."""
-        return self.entropy_threshold.device if self.config.architecture == "entropy" else self.classifier.bias.device
+        return self._anchor.device
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the head's inputs."""
-        return self.entropy_threshold.dtype if self.config.architecture == "entropy" else self.classifier.bias.dtype
+        return self._anchor.dtype
+
+    @property
+    def _anchor(self) -> torch.Tensor:
+        # A tensor that `.to()` moves with the head; the entropy rule has no parameters, only its buffer.
+        return self.entropy_threshold if self.config.architecture == "entropy" else self.classifier.bias
 
     # ---- saving and loading -------------------------------------------------------------------------------
 
