@@ -20,10 +20,12 @@ for token; sampling keeps the target's distribution exactly.
 
 import os
 
-from ._version import __version__
+# the head, its config and features: torch only, shared with pacer-vllm (pacer-core/)
+from pacer_core import PacerHead, PacerHeadConfig, __version__, draft_distribution_features
+from pacer_core.pair import check_pair_compatible
+
 from .candidate_generator import PacerCandidateGenerator
 from .collection import CollectionConfig, collect, load_collection
-from .config import PacerHeadConfig
 from .cpu_linear import PrepackedLinear, prepack_linear_weights
 from .generation import (
     disable_pacer,
@@ -33,10 +35,7 @@ from .generation import (
     unpatch_transformers,
 )
 from .cost_measurement import measure_cost_model
-from .features import draft_distribution_features
-from .head import PacerHead
 from .hub import push
-from .pair import check_pair_compatible
 from .phrases import PhrasePool
 from .prompts import Prompt, encode_prompt, load_prompt_set
 from .stats import PacerStats

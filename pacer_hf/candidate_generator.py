@@ -12,12 +12,13 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.logits_process import MinLengthLogitsProcessor
 
-from .config import PacerHeadConfig, log_threshold
-from .features import draft_distribution_features
-from .head import PacerHead
+from pacer_core.config import PacerHeadConfig, log_threshold
+from pacer_core.features import draft_distribution_features
+from pacer_core.head import PacerHead
+from pacer_core.stop_rule import says_stop
+
 from .phrases import PhrasePool
 from .stats import PacerStats
-from .stop_rule import says_stop
 
 # A round whose context matches a phrase on at least this many tokens sends the phrase without drafting. Sized on
 # training prompts (docs/phrase-drafting.md): 2-3-token keys are confirmed 40-83% of the time, 1-token keys 19-25%.

@@ -6,7 +6,7 @@ import os
 import sys
 import typing
 
-from ._version import __version__
+from pacer_core._version import __version__
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -96,12 +96,12 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from .collection import read_manifest
-    from .config import PacerHeadConfig
+    from pacer_core.config import PacerHeadConfig
     from .cost_measurement import measure_cost_model
     from .cpu_linear import prepack_linear_weights
-    from .head import PacerHead
+    from pacer_core.head import PacerHead
     from .models import load_model
-    from .pair import check_pair_compatible
+    from pacer_core.pair import check_pair_compatible
     from .threshold import CostModel
     from .training import TrainingConfig, train
 
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=_models)
 
     from .collection import CollectionConfig
-    from .config import PacerHeadConfig
+    from pacer_core.config import PacerHeadConfig
     from .threshold import CostModel
     from .training import TrainingConfig
 

@@ -39,11 +39,12 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
-from ._version import __version__
-from .config import PacerHeadConfig, model_sizes
-from .features import draft_distribution_features, target_distribution_features
-from .head import PacerHead
-from .pair import check_pair_compatible
+from pacer_core._version import __version__
+from pacer_core.config import PacerHeadConfig, model_sizes
+from pacer_core.features import draft_distribution_features, target_distribution_features
+from pacer_core.head import PacerHead
+from pacer_core.pair import check_pair_compatible
+
 from .prompts import CHAT_TEMPLATE_MODES, encode_prompt
 
 MANIFEST_NAME = "manifest.json"

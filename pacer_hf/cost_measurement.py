@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .features import NUM_DISTRIBUTION_FEATURES, draft_distribution_features
-from .head import PacerHead
+from pacer_core.features import NUM_DISTRIBUTION_FEATURES, draft_distribution_features
+from pacer_core.head import PacerHead
+
 from .stats import PacerStats
 from .threshold import CostModel
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .config import PacerHeadConfig
+from pacer_core.config import PacerHeadConfig
+from pacer_core.head import PacerHead
+
 from .cpu_linear import prepack_linear_weights
-from .head import PacerHead
 from .tiny_models import tiny_pair
 
 DEFAULT_PAIR = "qwen2.5-coder"

@@ -27,10 +27,11 @@ from typing import Any
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
+from pacer_core.config import PacerHeadConfig
+from pacer_core.head import PacerHead
+from pacer_core.pair import check_pair_compatible
+
 from .candidate_generator import PacerCandidateGenerator
-from .config import PacerHeadConfig
-from .head import PacerHead
-from .pair import check_pair_compatible
 from .phrases import PhrasePool
 from .stats import PacerStats
 

@@ -12,7 +12,8 @@ from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import HFValidationError, HTTPError
 from huggingface_hub.utils import validate_repo_id
 
-from .head import PacerHead
+from pacer_core.head import PacerHead
+
 
 CARD_NAME = "README.md"
 # Files of a trained head folder that are uploaded besides the card; the first two are required.

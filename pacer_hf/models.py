@@ -36,7 +36,8 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ._version import __version__
+from pacer_core._version import __version__
+
 
 CACHE_ENV = "PACER_HF_CACHE"
 # Written last into a converted folder: records where the weights come from, and marks the folder as complete.

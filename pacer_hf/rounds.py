@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from pacer_core.config import PacerHeadConfig
+from pacer_core.head import PacerHead
+
 from .collection import Collection
-from .config import PacerHeadConfig
-from .head import PacerHead
 from .threshold import CostModel, ThresholdReport, choose_threshold
 
 # Bins of the expected calibration error.

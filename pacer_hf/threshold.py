@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PacerHeadConfig, log_threshold
+from pacer_core.config import PacerHeadConfig, log_threshold
+
 
 # Candidate thresholds of the search; the chosen one is the best of these on validation data. Finer near 1, where a
 # well-calibrated head's per-token probabilities sit when the draft is good.

@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
+from pacer_core.config import PacerHeadConfig
+from pacer_core.head import PacerHead
+from pacer_core.pair import check_head_sizes
+
 from .collection import Collection, load_collection, write_json_atomic
-from .config import PacerHeadConfig
-from .head import PacerHead
-from .pair import check_head_sizes
 from .rounds import RoundBatcher, Rounds, calibration_metrics, evaluate_head, predict_rounds
 from .threshold import CostModel, plot_threshold_curve
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pacer_hf import PacerHead, PacerHeadConfig, draft_distribution_features
-from pacer_hf.head import CONTINUE_LOGIT
-from pacer_hf.stop_rule import log_pass_scores, says_stop
+from pacer_core.head import CONTINUE_LOGIT
+from pacer_core.stop_rule import log_pass_scores, says_stop
 from pacer_hf.tiny_models import tiny_model
 
 

@@ -3,11 +3,14 @@
 import ast
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
+import pacer_core
 import pacer_hf
 
 PACKAGE = Path(pacer_hf.__file__).parent
+CORE = Path(pacer_core.__file__).parent
 
 
 def test_importing_the_library_and_building_its_cli_never_imports_the_harness():
@@ -18,28 +21,32 @@ def test_importing_the_library_and_building_its_cli_never_imports_the_harness():
 
 
 def _external_imports(path: Path) -> set[str]:
-    """The top-level packages other than pacer_hf that `path` imports, function-local imports included."""
+    """The top-level packages that `path` imports (function-local imports included), less the standard library."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return names - {"pacer_hf"} - set(sys.stdlib_module_names)
+    return names - set(sys.stdlib_module_names)
 
 
-def test_the_stop_rule_and_the_head_need_only_torch_safetensors_and_the_hub_client():
+def test_pacer_core_needs_only_torch_safetensors_the_hub_client_and_jinja():
     """What a serving engine (vLLM) loads to stop its drafts with a PACER head: never transformers, whose version
-    such an engine pins elsewhere, nor anything of the generate() route."""
-    closure, todo = set(), ["stop_rule"]
-    while todo:
-        name = todo.pop()
-        if name not in closure:
-            closure.add(name)
-            todo += sorted(_imports(PACKAGE / f"{name}.py"))
-    assert closure == {"stop_rule", "head", "config", "features", "model_card", "_version"}
-    needed = set().union(*(_external_imports(PACKAGE / f"{name}.py") for name in closure))
-    assert needed == {"torch", "safetensors", "huggingface_hub"}
+    such an engine pins elsewhere, nor pacer_hf's generate() route."""
+    needed = set().union(*(_external_imports(path) for path in CORE.glob("*.py")))
+    assert needed == {"torch", "safetensors", "huggingface_hub"}  # Jinja2: through huggingface_hub's card templates
+    code = ("import sys, pacer_core; from pacer_core import PacerHead, says_stop; "
+            "print(sorted(m for m in ('transformers', 'pacer_hf', 'accelerate') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_pacer_hf_re_exports_the_core_it_is_built_on():
+    import pacer_core
+
+    assert pacer_hf.PacerHead is pacer_core.PacerHead and pacer_hf.PacerHeadConfig is pacer_core.PacerHeadConfig
+    assert pacer_hf.__version__ == pacer_core.__version__ == metadata.version("pacer-core") == metadata.version("pacer-hf")
 
 
 def _imports(path: Path) -> set[str]:
@@ -72,7 +79,7 @@ def test_no_import_cycle_between_modules():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
-    assert graph["candidate_generator"] >= {"head", "features"}  # the walk reads real imports
+    assert graph["candidate_generator"] >= {"phrases", "stats"}  # the walk reads real imports
 
 
 def test_pacer_hf_bench_runs_the_harness(tmp_path):

@@ -1,6 +1,6 @@
 """The model card of a PACER head.
 
-It is rendered from `pacer_hf/templates/pacer_head_card.md` (shipped in the wheel; `hub_cards/` at the
+It is rendered from `pacer_core/templates/pacer_head_card.md` (shipped in the wheel; `hub_cards/` at the
 repository root holds the cards of the heads we publish) with YAML front matter that the Hub indexes:
 `library_name: pacer-hf`, `base_model: <draft>` with `base_model_relation: adapter`, the target model, tags,
 datasets, license and, when measured, a `model-index` of speed-ups.
@@ -90,7 +90,7 @@ def build_model_card(
 
     data = ModelCardData()
     _apply_metadata(data, config, mixin_data, repo_id, datasets, speedups)
-    template = resources.files("pacer_hf").joinpath("templates", TEMPLATE_NAME).read_text(encoding="utf-8")
+    template = resources.files("pacer_core").joinpath("templates", TEMPLATE_NAME).read_text(encoding="utf-8")
     best_fixed = max(metrics["threshold"]["fixed_speedups"].values()) if metrics else None
     return ModelCard.from_template(
         data, template_str=template, config=config.to_dict(), draft=config.draft_name_or_path,

@@ -227,7 +227,7 @@ class PacerHead(
         speedups: Mapping[str, float] | None = None,
         metrics: Mapping[str, Any] | None = None,
     ) -> ModelCard:
-        """The head's model card, rendered from pacer-hf's template (`pacer_hf/templates/pacer_head_card.md`).
+        """The head's model card, rendered from pacer-hf's template (`pacer_core/templates/pacer_head_card.md`).
 
         Its YAML front matter carries `library_name: pacer-hf`, `base_model: <draft>` with
         `base_model_relation: adapter` (when the draft is a Hub id), `draft_model`, `target_model`, the tags,

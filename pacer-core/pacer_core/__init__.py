@@ -1,0 +1,24 @@
+"""pacer-core: the PACER head, its config, its features and its stop rule, with nothing but torch, safetensors and
+huggingface_hub.
+
+pacer-hf (transformers' `generate()`) and pacer-vllm (vLLM's draft-model proposer) both stop drafts with
+[`says_stop`], so one head from the Hub behaves the same in a notebook and in a server. Users of pacer-hf import
+these names from `pacer_hf`.
+"""
+
+from ._version import __version__
+from .config import PacerHeadConfig
+from .features import draft_distribution_features
+from .head import PacerHead
+from .pair import check_head_sizes
+from .stop_rule import log_pass_scores, says_stop
+
+__all__ = [
+    "PacerHead",
+    "PacerHeadConfig",
+    "__version__",
+    "check_head_sizes",
+    "draft_distribution_features",
+    "log_pass_scores",
+    "says_stop",
+]
