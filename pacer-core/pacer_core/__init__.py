@@ -1,5 +1,5 @@
 """pacer-core: the PACER head, its config, its features and its stop rule, with nothing but torch, safetensors and
-huggingface_hub.
+huggingface_hub (and Jinja2, through it, for the head's model card).
 
 pacer-hf (transformers' `generate()`) and pacer-vllm (vLLM's draft-model proposer) both stop drafts with
 [`says_stop`], so one head from the Hub behaves the same in a notebook and in a server. Users of pacer-hf import

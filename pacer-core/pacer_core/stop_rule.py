@@ -1,6 +1,7 @@
 """The PACER stop rule, torch only: after a full block, the head's pass score for the round so far against the
-threshold. One function for every draft loop that asks a head: pacer-hf's `PacerCandidateGenerator` and any other
-engine that drafts with a draft model and can hand over its post-norm hidden states and processed logits.
+threshold. One function for every draft loop that asks a head: pacer-hf's `PacerCandidateGenerator`, pacer-vllm's
+`PacerDraftModelProposer`, and any other engine that can hand over the draft's post-norm hidden states and processed
+logits.
 
 Notation: B = rounds scored at once (requests), k = tokens drafted so far, H = draft hidden size, F = features.
 """

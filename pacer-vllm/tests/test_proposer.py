@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from vllm import LLM, SamplingParams
 
 from pacer_core import PacerHead, PacerHeadConfig, draft_distribution_features
-from pacer_core.stop_rule import log_pass_scores
+from pacer_core.stop_rule import log_pass_scores, says_stop
 from pacer_vllm import load_pacer_head, recent_draft_lengths
 
 VOCAB, HIDDEN, K, BLOCK = 256, 128, 8, 2
@@ -71,7 +71,7 @@ def pair(request, tmp_path_factory):
     llm = LLM(model=target, **ENGINE)
     plain = [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), GREEDY)]
     _close(llm)
-    return {"target": target, "draft": draft, "head": str(folder / "head"), "plain": plain,
+    return {"arch": request.param, "target": target, "draft": draft, "head": str(folder / "head"), "plain": plain,
             "median_threshold": _median_threshold(head, request.param, draft)}
 
 
@@ -91,8 +91,13 @@ def _run(pair: dict, **additional) -> dict:
     outputs = [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), GREEDY)]
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     lengths = llm.collective_rpc(recent_draft_lengths)[0]
+    first_rounds = []  # then each prompt alone: the length of its first round
+    for prompt in _prompts():
+        steps_before = len(llm.collective_rpc(recent_draft_lengths)[0])
+        llm.generate([prompt], GREEDY)
+        first_rounds.append(llm.collective_rpc(recent_draft_lengths)[0][steps_before][0])
     _close(llm)
-    return {"outputs": outputs, "lengths": lengths, "drafts": metrics["vllm:spec_decode_num_drafts"],
+    return {"outputs": outputs, "lengths": lengths, "first_rounds": first_rounds, "drafts": metrics["vllm:spec_decode_num_drafts"],
             "draft_tokens": metrics["vllm:spec_decode_num_draft_tokens"],
             "accepted": metrics["vllm:spec_decode_num_accepted_tokens"]}
 
@@ -116,6 +121,32 @@ def test_greedy_output_equals_vllm_without_speculation(pair, kind):
         assert all(n % BLOCK == 0 for n in flat)  # stops only at block boundaries
         # at least one step where requests of one batch stopped at different lengths
         assert any(len(set(step)) > 1 for step in run["lengths"] if len(step) > 1)
+        # each prompt's first round stops where pacer-hf's draft loop would
+        assert run["first_rounds"] == _first_round_lengths(pair, threshold)
+
+
+def _first_round_lengths(pair: dict, threshold: float) -> list[int]:
+    """Where pacer-hf's loop (`PacerCandidateGenerator._draft_blocks`) stops each prompt's first round: the draft
+    continues from the prompt and the target's first token, and `says_stop` is asked after every full block with
+    the transformers draft's post-norm hidden states and features."""
+    head = PacerHead.from_pretrained(pair["head"]).eval()
+    config = PacerHeadConfig.from_dict({**head.config.to_dict(), "threshold": threshold, "max_draft": K})
+    draft = ARCHITECTURES[pair["arch"]][0].from_pretrained(pair["draft"]).eval()
+    lengths = []
+    for prompt, plain in zip(PROMPTS, pair["plain"]):
+        ids, hidden, features, length = torch.tensor([prompt + plain[:1]]), [], [], K
+        with torch.no_grad():
+            for drafted in range(1, K + 1):
+                out = draft(ids, output_hidden_states=True)
+                logits, token = out.logits[:, -1], out.logits[:, -1].argmax(-1)  # [1, V], [1]
+                hidden.append(out.hidden_states[-1][:, -1])
+                features.append(draft_distribution_features(logits, token))
+                ids = torch.cat([ids, token[:, None]], dim=1)
+                if drafted % BLOCK == 0 and says_stop(head, torch.stack(hidden, 1), torch.stack(features, 1), config):
+                    length = drafted
+                    break
+        lengths.append(length)
+    return lengths
 
 
 def test_the_entropy_rule_runs_without_weights(pair):
