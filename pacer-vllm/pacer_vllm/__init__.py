@@ -6,7 +6,7 @@ with the same rule as pacer-hf's `generate()`:
 ```python
 from vllm import LLM
 
-llm = LLM(target, speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 16},
+llm = LLM(target, speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 8},
           additional_config={"pacer_head": "<Hub id or folder of a head trained with pacer-hf>"})
 ```
 
