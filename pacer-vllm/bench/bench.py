@@ -68,19 +68,25 @@ def main() -> None:
     for method, settings in list(methods.items())[1:]:
         engines = {"plain": plain, method: LLM(**common, **settings)}
         for concurrency in args.concurrency:
-            prompts = data["prompts"]
-            for start in range(0, len(prompts), concurrency):
-                batch = prompts[start:start + concurrency]
-                names = list(engines) if (start // concurrency) % 2 == 0 else list(engines)[::-1]
+            for turn, batch in enumerate(_batches(data["prompts"], concurrency)):
+                names = list(engines) if turn % 2 == 0 else list(engines)[::-1]
                 for name in names:
                     records.append(_run_batch(engines[name], name, method, concurrency, batch, params))
-                print(method, concurrency, start, [round(r["seconds"], 2) for r in records[-2:]], flush=True)
+                print(method, concurrency, batch[0]["id"], [round(r["seconds"], 2) for r in records[-2:]], flush=True)
         _close(engines.pop(method))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in vars(args).items() if k not in ("out", "prompts")}
     args.out.with_suffix(".json").write_text(json.dumps({"settings": meta, "records": records}, indent=1))
     args.out.with_suffix(".md").write_text(_table(records, list(methods)[1:]))
     print(_table(records, list(methods)[1:]))
+
+
+def _batches(prompts: list[dict], size: int) -> list[list[dict]]:
+    """Consecutive batches of `size` prompts, never mixing prompt sets (the table reports each set apart)."""
+    by_set: dict[str, list[dict]] = {}
+    for prompt in prompts:
+        by_set.setdefault(prompt["set"], []).append(prompt)
+    return [group[i:i + size] for group in by_set.values() for i in range(0, len(group), size)]
 
 
 def _run_batch(llm, name: str, pass_name: str, concurrency: int, batch: list[dict], params) -> dict:
