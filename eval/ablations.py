@@ -19,8 +19,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pacer_hf import CostModel, PacerHead, TrainingConfig, load_collection
 from pacer_core.head import ENTROPY_RULE_SETTINGS
+from pacer_hf import CostModel, PacerHead, TrainingConfig, load_collection
 from pacer_hf.rounds import evaluate_head, head_metrics
 from pacer_hf.training import RUN_NAME, split_sequences
 

@@ -25,6 +25,7 @@ from pacer_core.head import ENTROPY_RULE_SETTINGS
 HEAD_KEY = "pacer_head"
 OVERRIDE_KEYS = {"pacer_threshold": "threshold", "pacer_block_size": "block_size", "pacer_score_mode": "score_mode"}
 REVISION_KEY = "pacer_head_revision"
+KNOWN_KEYS = frozenset({HEAD_KEY, REVISION_KEY, *OVERRIDE_KEYS})
 ENTROPY_RULE = "entropy"  # `pacer_head="entropy"`: the training-free rule, sized for the draft
 RECENT_STEPS = 1024  # draft lengths kept for `recent_draft_lengths`
 
@@ -50,11 +51,9 @@ def load_pacer_head(additional_config: dict[str, Any], vocab_size: int, hidden_s
 
     `max_draft` is vLLM's `num_speculative_tokens`: the engine sizes its buffers for it.
     """
-    unknown = sorted(k for k in additional_config if k.startswith("pacer_") and k not in
-                     {HEAD_KEY, REVISION_KEY, *OVERRIDE_KEYS})
+    unknown = sorted(k for k in additional_config if k.startswith("pacer_") and k not in KNOWN_KEYS)
     if unknown:
-        raise ValueError(f"Unknown pacer-vllm settings in `additional_config`: {unknown}. Known: "
-                         f"{sorted({HEAD_KEY, REVISION_KEY, *OVERRIDE_KEYS})}.")
+        raise ValueError(f"Unknown pacer-vllm settings in `additional_config`: {unknown}. Known: {sorted(KNOWN_KEYS)}.")
     name = additional_config[HEAD_KEY]
     if not isinstance(name, str):
         raise TypeError(f"`additional_config['{HEAD_KEY}']` must be a Hub id, a folder or {ENTROPY_RULE!r}, "
