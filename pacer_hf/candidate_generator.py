@@ -20,9 +20,19 @@ from pacer_core.stop_rule import says_stop
 from .phrases import PhrasePool
 from .stats import PacerStats
 
-# A round whose context matches a phrase on at least this many tokens sends the phrase without drafting. Sized on
-# training prompts (docs/phrase-drafting.md): 2-3-token keys are confirmed 40-83% of the time, 1-token keys 19-25%.
+# A round whose context matches a phrase's source on at least this many tokens sends the phrase without drafting.
+# Sized on training prompts (docs/phrase-drafting.md): 2-3-token keys are confirmed 40-83% of the time, 1-token keys
+# 19-25%.
 LOOKUP_ROUND_KEY_LENGTH = 2
+# A phrase sent without the draft gets this many tokens per context token its source matched (up to
+# `phrase_tail`): the further back the context agrees with where the phrase came from, the longer the text is likely
+# to keep copying it. Chosen on tuning prompts by replaying look-up rules (docs/phrase-drafting.md).
+TAIL_TOKENS_PER_MATCHED_TOKEN = 6
+
+
+def tail_length(match_length: int, phrase_tail: int) -> int:
+    """How many phrase tokens to send without the draft after a look-up that matched `match_length` tokens."""
+    return min(phrase_tail, TAIL_TOKENS_PER_MATCHED_TOKEN * match_length)
 
 
 class PacerCandidateGenerator(AssistedCandidateGenerator):
@@ -262,9 +272,10 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         eos = set(self._eos.tolist()) if self._eos is not None else set()
         if context[-1] in eos:
             return []
-        tail, key_length = self.phrases.lookup(context, room)
-        if key_length < min_key_length:
+        tail, match_length = self.phrases.lookup(context, room)
+        if match_length < min_key_length:
             return []
+        tail = tail[: tail_length(match_length, room)]
         for i, token in enumerate(tail):
             if token in eos:
                 return tail[: i + 1]

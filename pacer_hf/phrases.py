@@ -7,7 +7,8 @@ only decides how many draft tokens one draft forward can yield.
 
 Two sources, looked up by the last 3, 2 or 1 tokens of the context (the longest key that matches wins):
 - the live sequence (prompt + output of the current `generate()` call), indexed incrementally as tokens are
-  accepted: a key maps to the latest position its n-gram ended at, and the phrase is read from the sequence there;
+  accepted: a key maps to every position its n-gram ended at, and the phrase is read from the sequence after the
+  occurrence whose preceding tokens match the context furthest back (the latest one among equals);
 - stored phrases, bounded and evicted least recently used: the target's tokens on rejected branches, the rejected
   draft suffix, and (warm start) the sequences of earlier calls with the same pool.
 """
@@ -16,6 +17,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 KEY_LENGTHS = (3, 2, 1)
+# How far back a live-sequence match is followed, and how many of a key's latest occurrences are compared: the
+# occurrence whose context matches furthest back is the likeliest to continue as the text does now.
+MAX_MATCH_LENGTH = 32
+MAX_OCCURRENCES_COMPARED = 64
 
 
 class PhrasePool:
@@ -47,7 +52,7 @@ class PhrasePool:
         self.phrase_length = phrase_length
         self._stored: OrderedDict[tuple[int, ...], tuple[int, ...]] = OrderedDict()
         self._sequence: list[int] = []  # the live sequence (prompt + accepted output)
-        self._positions: dict[tuple[int, ...], int] = {}  # n-gram -> latest start of the tokens that followed it
+        self._positions: dict[tuple[int, ...], list[int]] = {}  # n-gram -> starts of the tokens that followed it
         self._indexed = 1  # starts below this are indexed; a start needs one token before it and one at it
 
     def __len__(self) -> int:
@@ -57,8 +62,8 @@ class PhrasePool:
 
     def start_sequence(self, prompt: Sequence[int]) -> None:
         """Begins a new `generate()` call: stores the previous call's sequence (warm start), then indexes `prompt`."""
-        for key, start in self._positions.items():
-            self._store(key, self._sequence[start : start + self.phrase_length])
+        for key, starts in self._positions.items():
+            self._store(key, self._sequence[starts[-1] : starts[-1] + self.phrase_length])
         self._sequence, self._positions, self._indexed = [], {}, 1
         self.extend(prompt)
 
@@ -70,7 +75,7 @@ class PhrasePool:
         for start in range(self._indexed, len(sequence)):
             for n in KEY_LENGTHS:
                 if start >= n:
-                    self._positions[tuple(sequence[start - n : start])] = start
+                    self._positions.setdefault(tuple(sequence[start - n : start]), []).append(start)
         self._indexed = max(self._indexed, len(sequence))
 
     @property
@@ -98,22 +103,38 @@ class PhrasePool:
 
     def lookup(self, context: Sequence[int], max_length: int) -> tuple[list[int], int]:
         """The phrase that follows `context` (the whole sequence so far: prompt, output and this round's draft), at
-        most `max_length` tokens, and the length of the key that matched (0 and an empty phrase when none did).
-        A subclass may propose phrases by another rule; any phrase keeps the output exact."""
+        most `max_length` tokens, and the length of the match: how many of the context's last tokens equal those
+        before the phrase (1 to `MAX_MATCH_LENGTH` for the live sequence, the key's length for a stored phrase; 0
+        and an empty phrase when nothing matched). A subclass may propose phrases by another rule; any phrase keeps
+        the output exact."""
         if max_length <= 0:
             return [], 0
         for n in KEY_LENGTHS:
             if len(context) < n:
                 continue
             key = tuple(context[len(context) - n :])
-            start = self._positions.get(key)
-            if start is not None:
-                return self._sequence[start : start + max_length], n
+            starts = self._positions.get(key)
+            if starts is not None:
+                start, matched = self._furthest_match(starts, context, n)
+                return self._sequence[start : start + max_length], matched
             phrase = self._stored.get(key)
             if phrase is not None:
                 self._stored.move_to_end(key)
                 return list(phrase[:max_length]), n
         return [], 0
+
+    def _furthest_match(self, starts: list[int], context: Sequence[int], key_length: int) -> tuple[int, int]:
+        """Of the latest occurrences of a key (`starts`, oldest first), the one whose preceding tokens match
+        `context` furthest back, and how far (the latest one among equals)."""
+        sequence, best, best_length = self._sequence, starts[-1], key_length
+        for start in reversed(starts[-MAX_OCCURRENCES_COMPARED:]):
+            length = key_length
+            while (length < MAX_MATCH_LENGTH and length < start and length < len(context)
+                   and sequence[start - length - 1] == context[-length - 1]):
+                length += 1
+            if length > best_length:
+                best, best_length = start, length
+        return best, best_length
 
     def clear(self) -> None:
         """Forgets every stored phrase and the live sequence."""

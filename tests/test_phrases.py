@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from pacer_hf import PhrasePool
+from pacer_hf import PhrasePool, phrases
 from pacer_hf.tiny_models import DRAFT_KINDS, TINY_ARCHS, tiny_pair
 
 from conftest import PROMPT, make_head
@@ -65,6 +65,21 @@ def test_pool_indexes_incrementally_and_the_longest_key_wins():
     assert pool.lookup([6, 6, 4], 3) == ([4], 1)  # the n-gram ending at the last token has no continuation of its own
     assert pool.lookup([77], 3) == ([], 0)
     assert pool.lookup([1, 2, 3], 0) == ([], 0)
+
+
+def test_pool_follows_the_occurrence_that_matches_furthest_back():
+    pool = PhrasePool(phrase_length=3)
+    pool.start_sequence([5, 1, 2, 3, 7, 8, 1, 2, 3, 9, 4, 1, 2, 3, 6])
+    # (1, 2, 3) occurred three times; only the first was preceded by 5, as the context is: its phrase, matched on 4
+    assert pool.lookup([0, 5, 1, 2, 3], 3) == ([7, 8, 1], 4)
+    assert pool.lookup([4, 1, 2, 3], 3) == ([6], 4)  # preceded by 4: the latest occurrence, matched on 4
+    assert pool.lookup([0, 1, 2, 3], 3) == ([6], 3)  # no occurrence matches further back: the latest wins
+    # The match is followed back at most MAX_MATCH_LENGTH tokens: beyond that, the earlier occurrence's longer
+    # match no longer counts, and the latest occurrence wins the tie.
+    cap = phrases.MAX_MATCH_LENGTH
+    long = list(range(100, 100 + cap + 8))
+    pool.start_sequence(long + [1] + long[-cap:] + [2])
+    assert pool.lookup(long, 1) == ([2], cap)
 
 
 def test_incremental_index_equals_one_scan():

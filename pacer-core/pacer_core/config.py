@@ -67,10 +67,11 @@ class PacerHeadConfig:
         phrase_length (`int`, defaults to 8):
             With phrase drafting (`generate(..., pacer_phrases=True)`): most phrase tokens fed to the draft beside its
             own input in one forward, for it to confirm.
-        phrase_tail (`int`, defaults to 16):
+        phrase_tail (`int`, defaults to 32):
             With phrase drafting: most phrase tokens sent to the target without the draft, after a round that
-            reached `max_draft` or confirmed a whole phrase, and in a lookup round (0: none). They are verified like
-            drafted tokens, with one-hot candidate rows.
+            reached `max_draft` or confirmed a whole phrase, and in a lookup round (0: none); a phrase whose source
+            matched the context on m tokens sends at most 6 m. They are verified like drafted tokens, with one-hot
+            candidate rows.
         decoding (`str`, defaults to `"greedy"`):
             The decoding mode whose acceptance labels the head was trained on (`"greedy"` or `"sampling"`).
         entropy_threshold (`float`, defaults to 1.0):
@@ -97,7 +98,7 @@ class PacerHeadConfig:
     max_draft: int = field(default=16, metadata={"help": "Most draft tokens per round."})
     score_mode: str = field(default="round", metadata={"help": f"One of {SCORE_MODES}."})
     phrase_length: int = field(default=8, metadata={"help": "Most phrase tokens the draft confirms per forward."})
-    phrase_tail: int = field(default=16, metadata={"help": "Most phrase tokens sent without the draft."})
+    phrase_tail: int = field(default=32, metadata={"help": "Most phrase tokens sent without the draft."})
     decoding: str = field(default="greedy", metadata={"help": f"One of {DECODING_MODES}."})
     entropy_threshold: float = field(default=1.0, metadata={"help": "Nats; the entropy rule's threshold."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of a sampling head's labels."})

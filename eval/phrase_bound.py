@@ -1,0 +1,458 @@
+"""How fast any mix of the draft model and copying could have decoded a harness run's prompts, with a perfect stop,
+and how fast look-up rules alone do: an upper bound on phrase drafting and a replay of look-up rules, set against
+transformers' prompt lookup and priced by a run's own timings.
+
+    python -m eval.phrase_bound eval/results/phrases-qwen-bf16-prepack-v2.jsonl \
+        --out eval/results/phrase-bound-qwen-bf16-prepack-v2
+    python -m eval.phrase_bound TUNING.jsonl --costs-from eval/results/phrases-qwen-bf16-prepack-v2.jsonl ...
+
+Reads a greedy run of `eval.run` (its pair, dtype and prompts come from the records' environment, so the prompts'
+paths must still resolve) and, per prompt, the autoregressive output y: greedy verification accepts a candidate
+token exactly where it equals y's token. Then:
+- **What each source can offer.** One teacher-forced draft forward over prompt + y says where the draft's greedy
+  token equals y's (a drafted run is accepted exactly as far as these agree, since an accepted prefix is y's own).
+  y_t can be copied where the pair (y_{t-1}, y_t) occurred earlier in prompt + y: that is every token any look-up
+  keyed on one or more tokens could offer there, from any earlier occurrence.
+- **What each step costs, on the machine of the run.** Per prompt set, a least-squares fit over every record of the
+  run: `wall = constant[prompt] + round_s * target calls + candidate_s * candidate tokens + draft_s * draft
+  forwards + draft_prefill_s * prompt tokens (methods that run the draft)`. Candidate tokens come from the records
+  (drafted plus phrase tokens) and, for prompt lookup, from replaying transformers' own
+  `PromptLookupCandidateGenerator` on y. The check of the fit: prompt lookup priced by a fit that left it out.
+  `--costs-from` prices another run's prompts (e.g. tuning prompts decoded autoregressively only) with these costs.
+- **Look-up rules alone, replayed** on y and priced the same way: prompt lookup, and pacer-hf's lookup rounds (its
+  `PhrasePool` on the live sequence, matched on 2 or more tokens, no draft) as shipped and in variants, so that a
+  rule can be chosen on tuning prompts before anyone benchmarks it.
+- **The fastest schedules**, by dynamic programming over rounds whose candidates are all accepted, each candidate a
+  copy (free) or the draft's (one draft forward each; the draft's prefill once if it drafts at all), at most
+  `MAX_CANDIDATES` a round (as many as prompt lookup k20 verifies):
+  - `oracle-draft+copy`: the bound for PACER with phrases or any rule that mixes the draft and look-ups: a perfect
+    stop, a perfect choice of what to copy and from where, and feeding copied tokens to the draft for free;
+  - `oracle-free-draft+copy`: the same with draft forwards and the draft's prefill free;
+  - `oracle-copy`: the best any look-up rule alone could do, splicing copies from any occurrences;
+  - `oracle-one-phrase`: the best a look-up rule that sends one phrase a round could do (the best occurrence's).
+The bound leaves out phrases that are not copies of the sequence (Ouroboros' target residues, earlier calls' text)
+and tree verification, which transformers' assisted generation does not do.
+"""
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy
+import torch
+from tqdm.auto import tqdm
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from pacer_hf import PacerHeadConfig, PhrasePool
+from pacer_hf.candidate_generator import LOOKUP_ROUND_KEY_LENGTH, TAIL_TOKENS_PER_MATCHED_TOKEN, tail_length
+from pacer_hf.models import PAIRS, load_model
+from pacer_hf.prompts import chat_input_ids, load_prompt_set
+
+from .flags import field_default
+from .report import finished_prompts, load_records
+
+# The oracles' rounds hold at most prompt-lookup-k20's candidates: verifies that long are in every run's records, so
+# their fitted price is an interpolation, not an extrapolation.
+MAX_CANDIDATES = 20
+ORACLES = ("oracle-one-phrase", "oracle-copy", "oracle-draft+copy", "oracle-free-draft+copy")
+PROMPT_LOOKUP_LENGTHS = (10, 20)
+# pacer-hf's rule as shipped: the furthest-matching occurrence, the default tail, cut by match length.
+POOL_REPLAY = (f"pool: furthest occurrence, tail {field_default(PacerHeadConfig, 'phrase_tail')}, "
+               f"{TAIL_TOKENS_PER_MATCHED_TOKEN} per matched token")
+
+
+@dataclass
+class StepCosts:
+    """Seconds, fitted for one prompt set: a target call, each candidate token it verifies, a draft forward, and the
+    draft's prefill per prompt token."""
+
+    round_s: float
+    candidate_s: float
+    draft_s: float
+    draft_prefill_s: float
+
+
+@torch.inference_mode()
+def draft_agrees(draft, prompt: list[int], output: list[int]) -> list[bool]:
+    """Per output token y_t: whether the draft's greedy token after prompt + y_<t equals y_t."""
+    ids = torch.tensor([prompt + output], device=draft.device)
+    logits = draft(input_ids=ids, logits_to_keep=len(output) + 1).logits[0, :-1]  # [N, V]
+    return (logits.argmax(dim=-1).cpu() == torch.tensor(output)).tolist()
+
+
+def copy_available(prompt: list[int], output: list[int]) -> list[bool]:
+    """Per output token y_t: whether (y_{t-1}, y_t) occurred earlier in prompt + y_<t."""
+    sequence = prompt + output
+    seen = set(zip(prompt, prompt[1:]))
+    available = []
+    for i in range(len(prompt), len(sequence)):
+        pair = (sequence[i - 1], sequence[i])
+        available.append(pair in seen)
+        seen.add(pair)
+    return available
+
+
+def copy_runs(prompt: list[int], output: list[int]) -> list[int]:
+    """Per output position t: the longest run y_t, y_t+1, ... that one earlier occurrence of y_{t-1} in prompt + y_<t
+    is followed by (in tokens already there, at most `MAX_CANDIDATES`): what one looked-up phrase could offer at
+    the start of a round, from the best occurrence."""
+    sequence, runs = prompt + output, []
+    for t in range(len(output)):
+        end = len(prompt) + t  # the sequence known at the round's start
+        best = 0
+        for i in range(end - 1):
+            if sequence[i] != sequence[end - 1]:
+                continue
+            run = 0
+            while run < MAX_CANDIDATES and i + 1 + run < end and t + run < len(output) \
+                    and sequence[i + 1 + run] == output[t + run]:
+                run += 1
+            best = max(best, run)
+        runs.append(best)
+    return runs
+
+
+def replay_rounds(prompt: list[int], output: list[int], propose: Callable[[list[int]], list[int]]) -> list[int]:
+    """The candidates of each round when a look-up rule decodes `output` greedily: `propose(sequence so far)` gives
+    a round's candidates, the target accepts them as far as they equal `output`, then adds its own token."""
+    sequence, rounds, t = prompt + output, [], 0
+    while t < len(output):
+        candidates = propose(sequence[: len(prompt) + t])
+        # As `_assisted_decoding`: at most the tokens left but one, which the target adds itself.
+        room, accepted = min(len(candidates), len(output) - t - 1), 0
+        while accepted < room and candidates[accepted] == output[t + accepted]:
+            accepted += 1
+        rounds.append(len(candidates))
+        t += accepted + 1
+    return rounds
+
+
+def prompt_lookup(num_tokens: int, eos: list[int], max_length: int) -> Callable[[list[int]], list[int]]:
+    """transformers' prompt lookup (`prompt_lookup_num_tokens=num_tokens`): its own candidate generator."""
+    generator = PromptLookupCandidateGenerator(
+        eos_token_id=torch.tensor(eos) if eos else None, num_output_tokens=num_tokens, max_length=max_length
+    )
+
+    def propose(sequence: list[int]) -> list[int]:
+        ids = torch.tensor([sequence])
+        return generator.get_candidates(ids)[0][0, ids.shape[1] :].tolist()
+
+    return propose
+
+
+def pool_lookup(prompt: list[int], tail: int, pool: PhrasePool | None = None,
+                cut: bool = True) -> Callable[[list[int]], list[int]]:
+    """pacer-hf's lookup rounds alone: a phrase of the pool (its live sequence only: what the target's rejected
+    branches would add is not known offline) matched on `LOOKUP_ROUND_KEY_LENGTH` or more tokens, at most `tail`
+    tokens and, with `cut`, cut as the generator cuts a tail (`tail_length`); else no candidates."""
+    pool = pool if pool is not None else PhrasePool()
+    pool.start_sequence(prompt)
+
+    def propose(sequence: list[int]) -> list[int]:
+        pool.extend(sequence[pool.sequence_length :])
+        phrase, match_length = pool.lookup(sequence, tail)
+        if match_length < LOOKUP_ROUND_KEY_LENGTH:
+            return []
+        return phrase[: tail_length(match_length, tail)] if cut else phrase
+
+    return propose
+
+
+class LatestOccurrencePool(PhrasePool):
+    """The pool's earlier rule, for comparison: a key's latest occurrence, however far back it matches."""
+
+    def _furthest_match(self, starts: list[int], context, key_length: int) -> tuple[int, int]:
+        return starts[-1], key_length
+
+
+def look_up_rules(prompt: list[int], max_length: int, eos: list[int],
+                  lookup_lengths: tuple[int, ...] = ()) -> dict[str, Callable[[list[int]], list[int]]]:
+    """The look-up rules to replay: transformers' prompt lookup (`PROMPT_LOOKUP_LENGTHS` and `lookup_lengths`), and
+    pacer-hf's lookup rounds with the current rule (`POOL_REPLAY`) and its variants (which occurrence, the tail's
+    cap, the cut by match length)."""
+    rules = {f"prompt-lookup-k{k}": prompt_lookup(k, eos, max_length)
+             for k in sorted({*PROMPT_LOOKUP_LENGTHS, *lookup_lengths})}
+    for which, pool in (("latest", LatestOccurrencePool), ("furthest", PhrasePool)):
+        for tail in (16, 32):
+            for cut in (False, True):
+                name = f"pool: {which} occurrence, tail {tail}" + (", 6 per matched token" if cut else "")
+                rules[name] = pool_lookup(prompt, tail, pool(), cut)
+    assert POOL_REPLAY in rules
+    return rules
+
+
+def best_schedule(agrees: list[bool], copies: list[bool], costs: StepCosts, prompt_tokens: int,
+                  draft: bool = True, free_draft: bool = False,
+                  runs: list[int] | None = None) -> tuple[float, list[int], int]:
+    """The fastest way (seconds past the target's prefill) to produce y in rounds whose candidates the target all
+    accepts: `(seconds, candidates per round, draft forwards)`.
+
+    Candidate y_t may be a copy where `copies[t]` (free) or, with `draft`, the draft's where `agrees[t]` (a draft
+    forward each, and the draft's prefill once it drafts at all; both free with `free_draft`). With `runs`
+    ([`copy_runs`]), copies come instead as one phrase at the start of a round: the first `runs[t]` candidates of a
+    round from t. A round of j candidates from t costs a target call and j candidate tokens, and the target's own
+    token takes it to t + j + 1.
+    """
+    n = len(agrees)
+    draft_s = 0.0 if free_draft else costs.draft_s
+    prefill = 0.0 if free_draft else costs.draft_prefill_s * prompt_tokens
+    # best[used][t]: fastest time from y_t to the end, with (1) or without (0) the draft's prefill paid already
+    best = [[0.0] * (n + 1) for _ in range(2)]
+    choice: list[list[tuple[int, int, int]]] = [[(0, 0, 0)] * (n + 1) for _ in range(2)]
+    for t in range(n - 1, -1, -1):
+        for used in (1, 0):
+            best[used][t] = float("inf")
+            drafted = 0
+            for j in range(min(MAX_CANDIDATES, n - 1 - t) + 1):
+                if j:  # candidate y_{t + j - 1}: a copy, or else the draft's
+                    copied = j <= runs[t] if runs is not None else copies[t + j - 1]
+                    if not copied:
+                        if not (draft and agrees[t + j - 1]):
+                            break
+                        drafted += 1
+                now_used = int(used or drafted > 0)
+                cost = costs.round_s + costs.candidate_s * j + draft_s * drafted + (prefill if now_used > used else 0)
+                total = cost + best[now_used][min(t + j + 1, n)]
+                if total < best[used][t]:
+                    best[used][t], choice[used][t] = total, (j, now_used, drafted)
+    rounds, forwards, t, used = [], 0, 0, 0
+    while t < n:
+        j, used, drafted = choice[used][t]
+        rounds.append(j)
+        forwards += drafted
+        t += j + 1
+    return best[0][0], rounds, forwards
+
+
+def _candidates(record: dict, replayed: dict[str, list[int]]) -> int:
+    """Candidate tokens a record's target calls verified (prompt lookup: replayed). `draft_lengths` counts draft
+    forwards per round; with phrases, the confirmed phrase tokens and the tails come on top."""
+    if record["method"] in replayed:
+        return sum(replayed[record["method"]])
+    phrases = record.get("phrases") or {}
+    return sum(record["draft_lengths"]) + phrases.get("confirmed", 0) + phrases.get("tail_offered", 0)
+
+
+def fit_costs(rows: list[dict], leave_out: str | None = None) -> tuple[dict[str, StepCosts], dict[tuple, float]]:
+    """One least-squares fit over every record of the run (`leave_out`: a method to fit without): per prompt set a
+    target call, a candidate token and a draft forward; for the whole run the draft's prefill per prompt token
+    (prompt lengths differ by set, which is what makes it identifiable); per prompt a constant (the target's
+    prefill). Returns the step costs of each set and each `(set, prompt)`'s constant."""
+    sets = list(dict.fromkeys(row["set"] for row in rows))
+    prompts = [(row["set"], row["prompt_id"]) for row in rows]
+    design, wall = [], []
+    for index, row in enumerate(rows):
+        for method, record in row["records"].items():
+            if method == leave_out:
+                continue
+            features = [0.0] * (3 * len(sets) + 1 + len(prompts))
+            at = 3 * sets.index(row["set"])
+            features[at : at + 3] = [record["target_calls"], _candidates(record, row["rules"]),
+                                     record["draft_forwards"]]
+            if record["draft_forwards"] > 0 or method in row["draft_methods"]:
+                features[3 * len(sets)] = row["prompt_tokens"]
+            features[3 * len(sets) + 1 + index] = 1.0
+            design.append(features)
+            wall.append(record["wall_s"])
+    solution, *_ = numpy.linalg.lstsq(numpy.array(design), numpy.array(wall), rcond=None)
+    draft_prefill = float(solution[3 * len(sets)])
+    costs = {name: StepCosts(*map(float, solution[3 * i : 3 * i + 3]), draft_prefill) for i, name in enumerate(sets)}
+    return costs, dict(zip(prompts, map(float, solution[3 * len(sets) + 1 :])))
+
+
+def predict(costs: StepCosts, prefill: float, calls: int, candidates: int) -> float:
+    """Seconds of a schedule without the draft: the prompt's constant, its target calls and their candidates."""
+    return prefill + costs.round_s * calls + costs.candidate_s * candidates
+
+
+def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
+    """Per prompt set: the fitted costs, every replayed look-up rule's and each oracle's predicted time, and the
+    measured ones. Costs come from `rows`' own records or, given, from `cost_rows` (another run on the machine to
+    price for; then each prompt's constant is a line in its length, fitted to that run's prompts)."""
+    own = cost_rows is None
+    if own and all(set(row["records"]) == {"autoregressive"} for row in rows):
+        raise ValueError("The run holds autoregressive records only, which price no draft or candidate token: "
+                         "pass `--costs-from` a full run on the same prompt sets.")
+    costs, constants = fit_costs(rows if own else cost_rows)
+    if own:
+        prefill = constants
+        # Prompt lookup as it ran, priced by a fit that never saw it: the check of the fit.
+        held_out = {m: fit_costs(rows, leave_out=m) for m in rows[0]["records"] if m.startswith("prompt-lookup-k")}
+    else:
+        lengths = {(r["set"], r["prompt_id"]): r["prompt_tokens"] for r in cost_rows}
+        slope, offset = numpy.polyfit([lengths[k] for k in constants], list(constants.values()), 1)
+        prefill = {(r["set"], r["prompt_id"]): slope * r["prompt_tokens"] + offset for r in rows}
+        held_out = {}
+    result = {}
+    for set_name in dict.fromkeys(row["set"] for row in rows):
+        if set_name not in costs:
+            raise ValueError(f"No costs for prompt set `{set_name}`: `--costs-from` must hold a run on that set.")
+        c, per_prompt = costs[set_name], []
+        for row in (row for row in rows if row["set"] == set_name):
+            key, n = (set_name, row["prompt_id"]), len(row["output"])
+            predicted = {"autoregressive": prefill[key] + c.round_s * n}
+            predicted.update({name: predict(c, prefill[key], len(rounds), sum(rounds))
+                              for name, rounds in row["rules"].items()})
+            checks = {m: predict(held[0][set_name], held[1][key], len(row["rules"][m]), sum(row["rules"][m]))
+                      for m, held in held_out.items()}
+            schedules = {}
+            for name, draft, free, runs in (("oracle-one-phrase", False, False, row["runs"]),
+                                            ("oracle-copy", False, False, None),
+                                            ("oracle-draft+copy", True, False, None),
+                                            ("oracle-free-draft+copy", True, True, None)):
+                seconds, rounds, forwards = best_schedule(row["agrees"], row["copies"], c, row["prompt_tokens"],
+                                                          draft=draft, free_draft=free, runs=runs)
+                predicted[name] = prefill[key] + seconds
+                schedules[name] = {"rounds": len(rounds), "candidates": sum(rounds), "draft_forwards": forwards}
+            per_prompt.append({"prompt_id": row["prompt_id"], "new_tokens": n,
+                               "measured": {m: r["wall_s"] for m, r in row["records"].items()},
+                               "predicted": predicted, "held_out_check": checks, "schedules": schedules,
+                               "draft_agrees": sum(row["agrees"]), "copy_available": sum(row["copies"]),
+                               "either": sum(a or b for a, b in zip(row["agrees"], row["copies"]))})
+        result[set_name] = {"costs": asdict(c), "prompts": per_prompt, **_summary(per_prompt)}
+    return result
+
+
+def _speedup(prompts: list[dict], seconds, base) -> float:
+    """Ratio of mean tokens/s to that of `base` (autoregressive decoding), as `eval.report` computes speed-ups."""
+    rate = statistics.mean(p["new_tokens"] / seconds(p) for p in prompts)
+    return rate / statistics.mean(p["new_tokens"] / base(p) for p in prompts)
+
+
+def _summary(prompts: list[dict]) -> dict:
+    """Speed-ups over autoregressive decoding: measured ones over the measured, predicted ones over the predicted."""
+    def over(kind: str) -> dict[str, float]:
+        return {m: _speedup(prompts, lambda p, m=m: p[kind][m], lambda p: p[kind]["autoregressive"])
+                for m in prompts[0][kind]}
+
+    measured, predicted = over("measured"), over("predicted")
+    checks = {m: _speedup(prompts, lambda p, m=m: p["held_out_check"][m], lambda p: p["measured"]["autoregressive"])
+              for m in prompts[0]["held_out_check"]}
+    lookups = [m for m in predicted if m.startswith("prompt-lookup-k")]
+    best = max(lookups, key=lambda m: predicted[m])
+    tokens = sum(p["new_tokens"] for p in prompts)
+    return {
+        "measured": measured, "predicted": predicted, "held_out_check": checks, "best_prompt_lookup": best,
+        "over_best_prompt_lookup": {m: v / predicted[best] for m, v in predicted.items()},
+        "shares": {k: sum(p[k] for p in prompts) / tokens for k in ("draft_agrees", "copy_available", "either")},
+        "tokens_per_call": {o: tokens / sum(p["schedules"][o]["rounds"] for p in prompts) for o in ORACLES},
+    }
+
+
+def collect(records_path: Path, per_set: int | None) -> list[dict]:
+    """Per prompt: its records, the draft's agreement and copy availability along y, and prompt lookup replayed."""
+    env, records = load_records(records_path)
+    if env["mode"] != "greedy":
+        raise ValueError("The bound replays greedy verification: give the records of a greedy run.")
+    finished = finished_prompts(env["methods"], records)
+    by_prompt = defaultdict(dict)
+    for record in records:
+        if (record["set"], record["prompt_id"]) in finished:
+            by_prompt[(record["set"], record["prompt_id"])][record["method"]] = record
+    draft_name, target_name = PAIRS[env["pair"]]
+    draft, tokenizer = load_model(draft_name, dtype=getattr(torch, env["dtype"]))
+    eos = draft.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    lookup_lengths = tuple(int(m.removeprefix("prompt-lookup-k")) for m in env["methods"]
+                           if m.startswith("prompt-lookup-k"))
+    # Methods that run the draft even on prompts where they drafted nothing (they still prefill it).
+    draft_methods = {m for m in env["methods"] if m != "autoregressive" and not m.startswith("prompt-lookup-k")}
+    rows = []
+    prompts = [p for spec in env["prompts"] for p in load_prompt_set(spec)[:per_set]]
+    for prompt in tqdm(prompts, unit="prompt"):
+        key = (prompt.set_name, prompt.prompt_id)
+        if key not in by_prompt:
+            continue
+        ids = chat_input_ids(tokenizer, prompt.text)[0].tolist()
+        plain = by_prompt[key]["autoregressive"]
+        if len(ids) != plain["prompt_tokens"]:
+            raise ValueError(f"{key}: the prompt encodes to {len(ids)} tokens, the records say "
+                             f"{plain['prompt_tokens']}: not the prompt of the run.")
+        output = plain["tokens"]
+        rows.append({
+            "set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": len(ids), "prompt": ids,
+            "output": output,
+            "records": by_prompt[key], "draft_methods": draft_methods & set(by_prompt[key]),
+            "agrees": draft_agrees(draft, ids, output), "copies": copy_available(ids, output),
+            "runs": copy_runs(ids, output),
+            "rules": {name: replay_rounds(ids, output, rule)
+                      for name, rule in look_up_rules(ids, len(ids) + len(output), eos, lookup_lengths).items()},
+        })
+    return rows
+
+
+def write(result: dict, out: Path, records: Path, costs_from: Path | None) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"records": str(records), "costs_from": str(costs_from or records), "sets": result}, indent=1),
+        encoding="utf-8")
+    priced = f"the costs fitted to `{costs_from or records}`"
+    lines = [
+        f"`python -m eval.phrase_bound {records}" + (f" --costs-from {costs_from}" if costs_from else "") + "`: "
+        f"predicted speed-ups over predicted autoregressive decoding, every schedule priced by {priced}; measured "
+        "ones (where the run has them) over the measured. Ratios are to the best prompt lookup, predicted.",
+        "",
+        "| set | best prompt lookup: predicted (measured; check) | pacer-hf look-up rounds alone | oracle, one "
+        "phrase a round | oracle copy | oracle draft + copy | oracle, free draft | **draft + copy bound / best "
+        "prompt lookup** | free-draft bound / it | measured PACER + phrases / oracle stop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for set_name, s in result.items():
+        best, m, p, r = s["best_prompt_lookup"], s["measured"], s["predicted"], s["over_best_prompt_lookup"]
+        seen = [f"{m[best]:.2f}x"] if best in m else []
+        seen += [f"check {s['held_out_check'][best]:.2f}x"] if best in s["held_out_check"] else []
+        lines.append(
+            f"| {set_name} | {best.removeprefix('prompt-lookup-')} {p[best]:.2f}x"
+            + (f" ({'; '.join(seen)})" if seen else "") + " | "
+            f"{p[POOL_REPLAY]:.2f}x ({r[POOL_REPLAY]:.2f}) | {p['oracle-one-phrase']:.2f}x "
+            f"({r['oracle-one-phrase']:.2f}) | {p['oracle-copy']:.2f}x | {p['oracle-draft+copy']:.2f}x | "
+            f"{p['oracle-free-draft+copy']:.2f}x | **{r['oracle-draft+copy']:.2f}x** | "
+            f"{r['oracle-free-draft+copy']:.2f}x | {_fmt(m.get('pacer+phrases'))} / {_fmt(m.get('oracle'))} |"
+        )
+    lines += ["", "| set | draft agrees | copy available | either | tokens per target call: oracle copy / draft + "
+              "copy / free draft | fitted ms: target call, candidate token, draft forward, draft prefill per prompt "
+              "token |", "|---|---|---|---|---|---|"]
+    for set_name, s in result.items():
+        sh, tpc, c = s["shares"], s["tokens_per_call"], s["costs"]
+        lines.append(
+            f"| {set_name} | {sh['draft_agrees']:.0%} | {sh['copy_available']:.0%} | {sh['either']:.0%} | "
+            f"{tpc['oracle-copy']:.1f} / {tpc['oracle-draft+copy']:.1f} / {tpc['oracle-free-draft+copy']:.1f} | "
+            f"{1000 * c['round_s']:.0f}, {1000 * c['candidate_s']:.1f}, {1000 * c['draft_s']:.0f}, "
+            f"{1000 * c['draft_prefill_s']:.2f} |"
+        )
+    rules = [name for name in next(iter(result.values()))["predicted"] if name.startswith(("prompt-lookup", "pool"))]
+    lines += ["", "Look-up rules alone, replayed (predicted speed-up, and its ratio to the best prompt lookup):", "",
+              "| rule | " + " | ".join(result) + " |", "|---|" + "---|" * len(result)]
+    for name in rules:
+        cells = [f"{s['predicted'][name]:.2f}x ({s['over_best_prompt_lookup'][name]:.3f})" for s in result.values()]
+        lines.append(f"| {'**' + name + '**' if name == POOL_REPLAY else name} | " + " | ".join(cells) + " |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("records", type=Path, help="a greedy `eval.run` records file with autoregressive records")
+    parser.add_argument("--costs-from", type=Path, default=None,
+                        help="price schedules with the costs fitted to this run instead (e.g. to replay tuning prompts "
+                        "decoded autoregressively only, for the machine of a full run)")
+    parser.add_argument("--per-set", type=int, default=None, help="only the first N prompts of each set")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("eval/results/phrase-bound"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = collect(args.records, args.per_set)
+    cost_rows = collect(args.costs_from, None) if args.costs_from else None
+    write(analyse(rows, cost_rows), args.out, args.records, args.costs_from)
+
+
+if __name__ == "__main__":
+    main()
