@@ -179,7 +179,8 @@ def look_up_rules(prompt: list[int], max_length: int, eos: list[int],
     for which, pool in (("latest", LatestOccurrencePool), ("furthest", PhrasePool)):
         for tail in (16, 32):
             for cut in (False, True):
-                name = f"pool: {which} occurrence, tail {tail}" + (", 6 per matched token" if cut else "")
+                name = (f"pool: {which} occurrence, tail {tail}"
+                        + (f", {TAIL_TOKENS_PER_MATCHED_TOKEN} per matched token" if cut else ""))
                 rules[name] = pool_lookup(prompt, tail, pool(), cut)
     assert POOL_REPLAY in rules
     return rules
@@ -343,18 +344,23 @@ def _summary(prompts: list[dict]) -> dict:
     }
 
 
-def collect(records_path: Path, per_set: int | None) -> list[dict]:
-    """Per prompt: its records, the draft's agreement and copy availability along y, and prompt lookup replayed."""
+def load_run(records_path: Path) -> tuple[dict, list[dict]]:
+    """A greedy run's environment and records."""
     env, records = load_records(records_path)
     if env["mode"] != "greedy":
         raise ValueError("The bound replays greedy verification: give the records of a greedy run.")
+    return env, records
+
+
+def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | None = None,
+            sources: bool = True) -> list[dict]:
+    """Per prompt: its records and the look-up rules replayed on y; with `sources`, also the draft's agreement and
+    copy availability along y (what the oracles need; a run read only for its costs does without)."""
     finished = finished_prompts(env["methods"], records)
     by_prompt = defaultdict(dict)
     for record in records:
         if (record["set"], record["prompt_id"]) in finished:
             by_prompt[(record["set"], record["prompt_id"])][record["method"]] = record
-    draft_name, target_name = PAIRS[env["pair"]]
-    draft, tokenizer = load_model(draft_name, dtype=getattr(torch, env["dtype"]))
     eos = draft.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     lookup_lengths = tuple(int(m.removeprefix("prompt-lookup-k")) for m in env["methods"]
@@ -377,11 +383,12 @@ def collect(records_path: Path, per_set: int | None) -> list[dict]:
             "set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": len(ids), "prompt": ids,
             "output": output,
             "records": by_prompt[key], "draft_methods": draft_methods & set(by_prompt[key]),
-            "agrees": draft_agrees(draft, ids, output), "copies": copy_available(ids, output),
-            "runs": copy_runs(ids, output),
             "rules": {name: replay_rounds(ids, output, rule)
                       for name, rule in look_up_rules(ids, len(ids) + len(output), eos, lookup_lengths).items()},
         })
+        if sources:
+            rows[-1].update(agrees=draft_agrees(draft, ids, output), copies=copy_available(ids, output),
+                            runs=copy_runs(ids, output))
     return rows
 
 
@@ -449,8 +456,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("eval/results/phrase-bound"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = collect(args.records, args.per_set)
-    cost_rows = collect(args.costs_from, None) if args.costs_from else None
+    env, records = load_run(args.records)
+    cost_run = load_run(args.costs_from) if args.costs_from else None
+    if cost_run and (cost_run[0]["pair"], cost_run[0]["dtype"]) != (env["pair"], env["dtype"]):
+        raise ValueError(f"`--costs-from` ran {cost_run[0]['pair']} in {cost_run[0]['dtype']}, the records "
+                         f"{env['pair']} in {env['dtype']}: price a run with the costs of the same pair and dtype.")
+    draft, tokenizer = load_model(PAIRS[env["pair"]][0], dtype=getattr(torch, env["dtype"]))
+    rows = collect(env, records, draft, tokenizer, args.per_set)
+    cost_rows = collect(*cost_run, draft, tokenizer, sources=False) if cost_run else None
     write(analyse(rows, cost_rows), args.out, args.records, args.costs_from)
 
 

@@ -115,7 +115,10 @@ class PhrasePool:
             key = tuple(context[len(context) - n :])
             starts = self._positions.get(key)
             if starts is not None:
-                start, matched = self._furthest_match(starts, context, n)
+                # A shorter key's occurrences cannot match further back than the key: that would be a longer key
+                # of the live sequence, which did not match. Only the longest key's occurrences are compared.
+                start, matched = (self._furthest_match(starts, context, n) if n == KEY_LENGTHS[0]
+                                  else (starts[-1], n))
                 return self._sequence[start : start + max_length], matched
             phrase = self._stored.get(key)
             if phrase is not None:
