@@ -17,7 +17,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 0 if run_tiny_demo(arch=args.arch, seed=args.seed, **length) else 1
     try:
         equal = run_demo(**({"head": args.head} if args.head else {}), pair=args.pair, dtype=args.dtype,
-                         prepack=not args.no_prepack, phrases=args.phrases, **length)
+                         prepack=not args.no_prepack, phrases=not args.no_phrases, device=args.device, **length)
     except (ValueError, OSError) as exc:
         return _error("demo", exc)
     return 0 if equal else 1
@@ -78,10 +78,11 @@ def _collect(args: argparse.Namespace) -> int:
     try:
         config = CollectionConfig(**_dataclass_kwargs(args, _COLLECTION_OPTIONS))
         prompts = [p.text for spec in args.prompts for p in load_prompt_set(spec)]  # fail fast, before loading
-        target, tokenizer = load_model(args.target, getattr(torch, args.dtype))
-        draft, _ = load_model(args.draft, getattr(torch, args.dtype))
-        manifest = collect(target, draft, prompts, args.output_dir, tokenizer=tokenizer, config=config,
-                           prompt_source=" ".join(args.prompts))
+        target, tokenizer = load_model(args.target, getattr(torch, args.dtype), device=args.device)
+        draft_device = str(target.device) if args.device == "auto" else args.device
+        draft, draft_tokenizer = load_model(args.draft, getattr(torch, args.dtype), device=draft_device)
+        manifest = collect(target, draft, prompts, args.output_dir, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
+                           config=config, prompt_source=" ".join(args.prompts))
     except (ValueError, OSError) as exc:
         return _error("collect", exc)
     totals = manifest["totals"]
@@ -95,13 +96,14 @@ def _collect(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from .collection import read_manifest
     from pacer_core.config import PacerHeadConfig
+    from pacer_core.head import PacerHead
+
+    from .collection import read_manifest
     from .cost_measurement import measure_cost_model
     from .cpu_linear import prepack_linear_weights
-    from pacer_core.head import PacerHead
     from .models import load_model
-    from pacer_core.pair import check_pair_compatible
+    from .pair import check_pair_compatible
     from .threshold import CostModel
     from .training import TrainingConfig, train
 
@@ -132,7 +134,11 @@ def _train(args: argparse.Namespace) -> int:
                        resume=args.resume)
     except (ValueError, OSError) as exc:
         return _error("train", exc)
-    print(f"head with threshold {result.head.config.threshold} saved to {args.output_dir}")
+    comparison = result.metrics["stop_comparison"]
+    kind = "the trained head" if comparison["saved"] != "entropy" else "the entropy rule"
+    print(f"saved {kind} to {args.output_dir} (expected speed-up on the validation prompts: trained head "
+          f"{comparison['head']['expected_speedup']:.3f}, entropy rule {comparison['entropy_rule']['expected_speedup']:.3f} "
+          f"at {comparison['entropy_rule']['entropy_threshold']} nats)")
     return 0
 
 
@@ -145,9 +151,12 @@ def _push(args: argparse.Namespace) -> int:
         speedups = {}
         for item in args.speedup:
             name, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"`--speedup` takes NAME=VALUE, got {item!r}.")
-            speedups[name] = float(value)
+            try:
+                speedups[name] = float(value) if sep and name else None
+            except ValueError:
+                speedups[name] = None
+            if speedups[name] is None:
+                raise ValueError(f"`--speedup` takes NAME=VALUE with a number VALUE (e.g. humaneval=1.45), got {item!r}.")
         options = dict(card_path=args.card, datasets=args.dataset, speedups=speedups or None)
         if args.stage:
             prepare_upload(args.head_dir, args.stage, args.repo_id, **options)
@@ -166,13 +175,12 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    # The harness is the `eval` package (shipped beside pacer_hf), imported only for this command: the library
-    # never imports its benchmark.
+    # The harness (pacer_hf.bench) is imported only for this command: the library never imports its benchmark.
     try:
-        from eval.run import main as bench_main
+        from .bench.run import main as bench_main
     except ImportError as exc:
-        return _error("bench", ImportError(f"the benchmark harness `eval` is not installed ({exc}); install pacer-hf "
-                                           "from its repository with `pip install -e '.[eval]'`"))
+        return _error("bench", ImportError(f"the benchmark harness needs the `bench` extra ({exc}): "
+                                           "pip install 'pacer-hf[bench]'"))
     try:
         bench_main(args.bench_args, prog="pacer-hf bench")
     except (ValueError, OSError) as exc:
@@ -183,6 +191,8 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEFAULT_NEW_TOKENS, DEFAULT_PAIR, TINY_NEW_TOKENS
 
+    device_help = ("where the models run: cpu, cuda, cuda:N, or auto (accelerate's placement of the target; the draft "
+                   "goes to its first device) (default: cpu)")
     parser = argparse.ArgumentParser(prog="pacer-hf", description="PACER speculative decoding for transformers.")
     parser.add_argument("--version", action="version", version=f"pacer-hf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -199,8 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"new tokens per prompt (default: {DEFAULT_NEW_TOKENS}; tiny: {TINY_NEW_TOKENS})")
     demo.add_argument("--no-prepack", action="store_true",
                       help="keep torch's stock CPU linear kernels (default: prepacked oneDNN weights for both models)")
-    demo.add_argument("--phrases", action="store_true",
-                      help="phrase drafting (`pacer_phrases=True`); it pays where the answer copies its prompt")
+    demo.add_argument("--no-phrases", action="store_true",
+                      help="the paper's loop (every round drafts) instead of the recommended planned rounds "
+                      "(`pacer_phrases=True`)")
+    demo.add_argument("--device", default="cpu", help=device_help)
     demo.add_argument("--tiny", action="store_true", help="tiny random models and a random head: offline, seconds")
     demo.add_argument("--arch", default="qwen2", choices=("llama", "qwen2", "gpt2"), help="tiny model architecture")
     demo.add_argument("--seed", type=int, default=0, help="seed of the tiny models and head")
@@ -233,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "with one prompt per line; with --max-prompts, list the set to grow last")
     collect.add_argument("--output-dir", required=True, help="shard directory")
     collect.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help=dtype_help)
+    collect.add_argument("--device", default="cpu", help=device_help)
     _add_dataclass_options(collect, CollectionConfig, _COLLECTION_OPTIONS)
     collect.set_defaults(func=_collect)
 
@@ -284,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", add_help=False,
         help="compare PACER with every other decoding method on the same prompts (JSON + table + plots); "
-        "`pacer-hf bench --help` lists its options",
+        "`pacer-hf bench --help` lists its options (needs the `bench` extra)",
     )
     bench.set_defaults(func=_bench)  # its options are the harness's own, parsed there (see `main`)
     return parser

@@ -34,17 +34,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
 from pacer_core._version import __version__
 from pacer_core.config import PacerHeadConfig, model_sizes
+from pacer_core.files import file_sha256, write_file_atomic, write_json_atomic
 from pacer_core.features import draft_distribution_features, target_distribution_features
 from pacer_core.head import PacerHead
-from pacer_core.pair import check_pair_compatible
 
+from .pair import check_pair_compatible, draft_fingerprint
 from .prompts import CHAT_TEMPLATE_MODES, encode_prompt
 
 MANIFEST_NAME = "manifest.json"
@@ -166,7 +167,8 @@ def _tokenize(prompts: Sequence[PromptInput], tokenizer: Any, chat_template: str
 
 
 def model_identity(model: PreTrainedModel) -> dict[str, Any]:
-    """What identifies a model in a manifest: name, revision, architecture, vocabulary, hidden size, dtype."""
+    """What identifies a model in a manifest: name, revision, architecture, vocabulary, hidden size, dtype and its
+    fingerprint ([`draft_fingerprint`])."""
     text_config = model.config.get_text_config()
     vocab_size, hidden_size = model_sizes(model)
     return {
@@ -177,27 +179,8 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
         "hidden_size": hidden_size,
         "dtype": str(model.dtype).removeprefix("torch."),
         "context_length": getattr(text_config, "max_position_embeddings", None),
+        "fingerprint": draft_fingerprint(model),
     }
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Writes `path` through a temporary file in the same folder and `os.replace`: a kill or a full disk leaves
-    either the old file or the new one, never a truncated one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(
-            f"Could not write `{path}` ({exc}). Files written before are intact; fix the cause (e.g. free disk space) "
-            "and run the same command again to resume."
-        ) from exc
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Writes `data` as indented JSON to `path` atomically."""
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"))
 
 
 def _open_manifest(output_dir: Path, fresh: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +195,9 @@ def _open_manifest(output_dir: Path, fresh: dict[str, Any]) -> dict[str, Any]:
             "directory."
         )
     for key in ("draft", "target", "collection", "prompts_sha256"):
-        if existing.get(key) != fresh[key]:
+        # a model identity is compared on the fields the existing manifest has (older ones lack the fingerprint)
+        ours = {k: fresh[key].get(k) for k in existing.get(key) or {}} if key in ("draft", "target") else fresh[key]
+        if existing.get(key) != ours:
             raise ValueError(
                 f"`output_dir` `{output_dir}` holds a collection with a different `{key}`: {existing.get(key)} there, "
                 f"{fresh[key]} now. Shards of different pairs, prompts or settings are never mixed; write to another "
@@ -249,6 +234,33 @@ def _totals(shards: list[dict[str, Any]]) -> dict[str, Any]:
     return totals
 
 
+def _tensor_names(manifest: dict[str, Any]) -> list[str]:
+    return [n for n in SHARD_TENSORS if manifest["format_version"] >= 2 or n not in TARGET_TENSORS]
+
+
+def shard_problem(data_dir: str | Path, manifest: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """What is wrong with the shard of a manifest entry (missing, damaged, unreadable, another shape), or None.
+
+    Entries written by this version carry the shard's SHA-256, which catches damage that keeps the file's size; older
+    ones are checked for readability and shape only.
+    """
+    if entry["file"] is None:
+        return None
+    path = Path(data_dir) / entry["file"]
+    if not path.is_file():
+        return "missing"
+    if "sha256" in entry and file_sha256(path) != entry["sha256"]:
+        return "damaged (its SHA-256 differs from the one recorded in the manifest)"
+    try:
+        with safe_open(path, framework="pt") as shard:
+            names, positions = set(shard.keys()), shard.get_slice("token").get_shape()[0]
+    except (SafetensorError, OSError) as exc:
+        return f"unreadable ({exc})"
+    if names != set(_tensor_names(manifest)) or positions != entry["positions"]:
+        return "not the shard its manifest entry describes (other tensors or positions)"
+    return None
+
+
 def load_collection(data_dir: str | Path) -> Collection:
     """Loads every shard of a collection directory (see [`collect`]) into one [`Collection`].
 
@@ -256,19 +268,20 @@ def load_collection(data_dir: str | Path) -> Collection:
     """
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
-    names = [n for n in SHARD_TENSORS if manifest["format_version"] >= 2 or n not in TARGET_TENSORS]
+    for entry in manifest["shards"]:  # every shard before any is used: a broken one is named before training
+        problem = shard_problem(data_dir, manifest, entry)
+        if problem is not None:
+            raise ValueError(
+                f"Shard `{data_dir / entry['file']}` is {problem}. Run the `pacer-hf collect` command that wrote "
+                f"`{data_dir}` again (same arguments): it re-collects the prompts of every broken shard."
+            )
+    names = _tensor_names(manifest)
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     offset = 0
     for entry in manifest["shards"]:
         if entry["file"] is None:
             continue
-        path = data_dir / entry["file"]
-        try:
-            shard = load_file(path)
-        except (SafetensorError, OSError) as exc:
-            raise ValueError(f"Shard `{path}` is missing or corrupt ({exc}); collect its prompts again.") from exc
-        if set(shard) != set(names) or shard["token"].shape[0] != entry["positions"]:
-            raise ValueError(f"Shard `{path}` does not match its manifest entry; collect its prompts again.")
+        shard = load_file(data_dir / entry["file"])
         for name in names:
             parts[name].append(shard[name][1:] + offset if name == "sequence_offsets" else shard[name])
         offset += entry["positions"]
@@ -284,12 +297,14 @@ def load_collection(data_dir: str | Path) -> Collection:
 
 
 def _greedy_continuation(
-    target: PreTrainedModel, draft: PreTrainedModel, head: PacerHead, ids: list[int], max_new_tokens: int
+    target: PreTrainedModel, draft: PreTrainedModel, head: PacerHead, ids: list[int], max_new_tokens: int,
+    tokenizers: dict[str, Any],
 ) -> torch.LongTensor:
     """Prompt + the target's greedy continuation `[P + N]`, drafted with an always-pass head (lossless).
 
     The settings are explicit so the model's `generation_config` cannot add processors: the labels are for plain
-    greedy decoding on raw logits (no repetition penalty).
+    greedy decoding on raw logits (no repetition penalty). `tokenizers`: the `tokenizer` and `assistant_tokenizer`
+    of a padded pair (empty otherwise).
     """
     generation_config = GenerationConfig(
         do_sample=False, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
@@ -300,7 +315,7 @@ def _greedy_continuation(
     with torch.no_grad():
         out = target.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), generation_config=generation_config,
-            assistant_model=draft, pacer_head=head,
+            assistant_model=draft, pacer_head=head, **tokenizers,
         )
     return out[0].cpu()
 
@@ -324,7 +339,7 @@ def _teacher_forced(
     for row, (prompt_index, ids, prompt_len) in enumerate(sequences):
         rows = slice(prompt_len - 1, ids.shape[0] - 1)  # logits at t - 1 give token t, t in [P, P + N)
         p_logits = target_out.logits[row, rows].float().cpu()  # [N, V]
-        q_logits = draft_out.logits[row, rows].float().cpu()  # [N, V]
+        q_logits = _at_width(draft_out.logits[row, rows].float().cpu(), p_logits.shape[-1])  # [N, V]
         drafted = q_logits.argmax(dim=-1)  # [N]: the greedy draft token
         p_t = (p_logits / config.temperature).softmax(dim=-1)  # [N, V]
         q_t = (q_logits / config.temperature).softmax(dim=-1)  # [N, V]
@@ -345,14 +360,23 @@ def _teacher_forced(
     return records
 
 
+def _at_width(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """Draft logits `[N, V_draft]` at the target's vocabulary width, as drafting sees them: rows the target lacks
+    dropped, rows the draft lacks impossible (-inf)."""
+    if logits.shape[-1] >= width:
+        return logits[:, :width]
+    return torch.cat([logits, logits.new_full((logits.shape[0], width - logits.shape[-1]), float("-inf"))], dim=-1)
+
+
 def _write_shard(path: Path, records: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     """Saves the records of one shard atomically and returns its manifest entry (without the prompt lists)."""
     tensors = {name: torch.cat([r[name] for r in records]) for name in SHARD_TENSORS if name != "sequence_offsets"}
     lengths = torch.tensor([r["token"].shape[0] for r in records])
     tensors["sequence_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])  # [S + 1]
-    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT_NAME}))
+    write_file_atomic(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT_NAME}))
     return {
         "file": path.name,
+        "sha256": file_sha256(path),
         "sequences": len(records),
         "positions": int(lengths.sum()),
         "greedy_accepts": int(tensors["greedy_label"].sum()),
@@ -391,6 +415,7 @@ def collect(
     output_dir: str | Path,
     *,
     tokenizer: Any = None,
+    draft_tokenizer: Any = None,
     config: CollectionConfig | None = None,
     prompt_source: str | None = None,
 ) -> dict[str, Any]:
@@ -399,7 +424,8 @@ def collect(
     Shards `shard-NNNNN.safetensors` hold `shard_size` consecutive pending prompts each; `manifest.json` records both
     models, the settings, a hash of the prompts and per-shard counts. A shard and then the manifest are replaced
     atomically, so an interrupted run (kill, full disk) loses at most the shard in progress, and running the same
-    call again continues with the first unfinished prompt. A directory holding another pair's data is refused.
+    call again continues with the first unfinished prompt. Each shard's SHA-256 is in the manifest: a shard that is
+    missing or damaged is collected again by the same call. A directory holding another pair's data is refused.
 
     Args:
         target (`PreTrainedModel`): the target model, whose greedy continuations and acceptances are recorded.
@@ -407,6 +433,8 @@ def collect(
         prompts (`Sequence[str | list[int]]`): text prompts (need `tokenizer`) or token ids; see [`pacer_hf.prompts.load_prompt_set`].
         output_dir (`str` or `Path`): shard directory, created if needed.
         tokenizer (*optional*): the target's tokenizer, for text prompts and the chat template.
+        draft_tokenizer (*optional*): the draft's tokenizer; needed (with `tokenizer`) when the two models pad their
+            embeddings differently, to check that they share one vocabulary.
         config ([`CollectionConfig`], *optional*): collection settings; defaults to `CollectionConfig()`.
         prompt_source (`str`, *optional*): where the prompts came from, recorded in the manifest.
 
@@ -419,7 +447,9 @@ def collect(
     head = PacerHead(PacerHeadConfig.for_draft(
         draft, threshold=0.0, block_size=config.draft_length, max_draft=config.draft_length,  # fixed-length drafting
     )).to(draft.device)
-    check_pair_compatible(head.config, draft, target)
+    check_pair_compatible(head.config, draft, target, tokenizer, draft_tokenizer)
+    padded = model_sizes(draft)[0] != model_sizes(target)[0]
+    tokenizers = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if padded else {}
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     token_ids = _tokenize(prompts, tokenizer, config.chat_template)
@@ -445,33 +475,58 @@ def collect(
     done |= {s["prompt"] for shard in manifest["shards"] for s in shard["skipped"]}
     wanted = range(min(len(token_ids), config.max_prompts or len(token_ids)))
     pending = [i for i in wanted if i not in done]
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(pending), unit="prompt", desc="collect")
-    start, new_tokens = time.perf_counter(), 0
-    for chunk in _chunks(pending, config.shard_size):
-        records, prompts_done, skipped = [], [], []
-        for batch in _chunks(chunk, config.batch_size):
-            sequences = []
-            for i in batch:
-                reason = _skip_reason(token_ids[i], config.max_new_tokens, context)
-                if reason is not None:
-                    skipped.append({"prompt": i, "reason": reason})
-                    continue
-                full = _greedy_continuation(target, draft, head, token_ids[i], config.max_new_tokens)
-                sequences.append((i, full, len(token_ids[i])))
-            if sequences:
-                records += _teacher_forced(target, draft, sequences, config)
-            prompts_done += [i for i, _, _ in sequences]
-            new_tokens += sum(ids.shape[0] - prompt_len for _, ids, prompt_len in sequences)
-            bar.update(len(batch))
-            bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
-        path = output_dir / f"shard-{len(manifest['shards']):05d}.safetensors"
-        entry = _write_shard(path, records) if records else _EMPTY_SHARD
-        manifest["shards"].append({**entry, "prompts": prompts_done, "skipped": skipped})
+    # A shard that fails its check (missing, damaged) is collected again under its own name, in its own slot.
+    broken = [index for index, entry in enumerate(manifest["shards"])
+              if shard_problem(output_dir, manifest, entry) is not None]
+    work = [(index, _shard_prompts(manifest["shards"][index])) for index in broken]
+    work += [(None, chunk) for chunk in _chunks(pending, config.shard_size)]
+    bar = tqdm(total=len(wanted) + sum(len(prompts) for index, prompts in work if index is not None),
+               initial=len(wanted) - len(pending), unit="prompt", desc="collect")
+    for index, prompts in work:
+        slot = len(manifest["shards"]) if index is None else index
+        entry = _collect_shard(target, draft, head, tokenizers, token_ids, prompts, context, config,
+                               output_dir / f"shard-{slot:05d}.safetensors", bar)
+        if index is None:
+            manifest["shards"].append(entry)
+        else:
+            manifest["shards"][index] = entry
         manifest["totals"] = _totals(manifest["shards"])
         write_json_atomic(output_dir / MANIFEST_NAME, manifest)
     bar.close()
     _report_skipped(manifest)
     return manifest
+
+
+def _shard_prompts(entry: dict[str, Any]) -> list[int]:
+    """The prompts a shard covers, collected and skipped, in order."""
+    return sorted(entry["prompts"] + [s["prompt"] for s in entry["skipped"]])
+
+
+def _collect_shard(
+    target: PreTrainedModel, draft: PreTrainedModel, head: PacerHead, tokenizers: dict[str, Any],
+    token_ids: list[list[int]], prompts: list[int],
+    context: int | None, config: CollectionConfig, path: Path, bar: tqdm,
+) -> dict[str, Any]:
+    """Collects `prompts` into the shard file `path`; returns its manifest entry."""
+    records, prompts_done, skipped = [], [], []
+    start, new_tokens = time.perf_counter(), 0
+    for batch in _chunks(prompts, config.batch_size):
+        sequences = []
+        for i in batch:
+            reason = _skip_reason(token_ids[i], config.max_new_tokens, context)
+            if reason is not None:
+                skipped.append({"prompt": i, "reason": reason})
+                continue
+            full = _greedy_continuation(target, draft, head, token_ids[i], config.max_new_tokens, tokenizers)
+            sequences.append((i, full, len(token_ids[i])))
+        if sequences:
+            records += _teacher_forced(target, draft, sequences, config)
+        prompts_done += [i for i, _, _ in sequences]
+        new_tokens += sum(ids.shape[0] - prompt_len for _, ids, prompt_len in sequences)
+        bar.update(len(batch))
+        bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
+    entry = _write_shard(path, records) if records else _EMPTY_SHARD
+    return {**entry, "prompts": prompts_done, "skipped": skipped}
 
 
 def _report_skipped(manifest: dict[str, Any]) -> None:

@@ -44,6 +44,14 @@ def _linear_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if name and type(module) is nn.Linear]
 
 
+def prepack_supported(dtype: torch.dtype) -> bool:
+    """Whether this torch and CPU can prepack linear layers of `dtype` (float32 with oneDNN; bfloat16 also needs the
+    CPU's bfloat16 instructions: AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _refuse_unsupported(model: nn.Module, names: list[str]) -> None:
     # A function of its own so that no local keeps a dense weight alive during the replacement.
     for name in names:
@@ -52,6 +60,11 @@ def _refuse_unsupported(model: nn.Module, names: list[str]) -> None:
             raise ValueError(
                 f"prepack_linear_weights is for CPU float32/bfloat16 models; `{name}` is {weight.dtype} on "
                 f"{weight.device}. Nothing was changed."
+            )
+        if not prepack_supported(weight.dtype):
+            raise ValueError(
+                f"This CPU cannot prepack {weight.dtype} linear layers (oneDNN's bfloat16 path needs AVX-512 BW/VL/DQ "
+                "or AVX-NE-CONVERT). Prepack a float32 model, or keep torch's stock kernels. Nothing was changed."
             )
 
 

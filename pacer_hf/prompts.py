@@ -98,7 +98,13 @@ def _file(path: Path) -> Iterator[Prompt]:
             if path.suffix != ".jsonl":
                 yield Prompt(path.stem, str(number), line.rstrip("\n"))
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"Line {number} of `{path}` is not valid JSON ({exc.msg} at column {exc.colno}); each line of a "
+                    "JSONL prompt file holds one JSON object, e.g. {\"prompt\": \"...\"}."
+                ) from exc
             prompt_id = record.get("question_id", record.get("id", number)) if isinstance(record, dict) else number
             category = record.get("category") if isinstance(record, dict) else None
             yield Prompt(path.stem, str(prompt_id), _prompt_from_record(record, path, number), {"category": category})

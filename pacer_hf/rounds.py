@@ -2,7 +2,7 @@
 
 A round starts at the sequence start and, as an always-pass drafter with `max_draft` proceeds, after each rejection
 or after a fully accepted round; it spans up to `max_draft` positions. Training ([`pacer_hf.train`]) fits a head on
-these rounds; the metrics here score it (calibration and, through [`pacer_hf.choose_threshold`], expected speed).
+these rounds; the metrics here score it (calibration and, through [`pacer_hf.threshold.choose_threshold`], expected speed).
 
 Notation: B = rounds per batch, W = `max_draft`, H = draft hidden size, F = features.
 """
@@ -168,7 +168,7 @@ def evaluate_head(
 
     Args:
         head ([`PacerHead`]): the head, in eval mode.
-        collection (`Collection`): the data, from [`pacer_hf.load_collection`].
+        collection (`Collection`): the data, from [`pacer_hf.collection.load_collection`].
         sequences (`list[int]`): the sequences to score (validation sequences, see [`split_sequences`]).
         cost ([`CostModel`]): the pair's cost ratios.
         decoding (`str`, *optional*): the labels and features to score with, `"greedy"` or `"sampling"`; defaults to

@@ -1,7 +1,7 @@
 """Expected speed of a drafting policy on labelled sequences, and the threshold that maximises it.
 
 The threshold of a PACER head is derived from measurements (STYLE point 13): the pair's cost ratio (measured by
-[`pacer_hf.measure_cost_model`] or given) and the head's predictions on validation sequences whose acceptance labels are
+[`pacer_hf.cost_measurement.measure_cost_model`] or given) and the head's predictions on validation sequences whose acceptance labels are
 known (see [`pacer_hf.collect`]). [`choose_threshold`] simulates drafting with each candidate threshold exactly
 as [`PacerCandidateGenerator`] drafts, and reports the head's expected speed-up next to the oracle stop and
 fixed-length drafting under the same cost model.
@@ -14,10 +14,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from pacer_core.config import PacerHeadConfig, log_threshold
+from pacer_core.config import PacerHeadConfig
+from pacer_core.stop_rule import log_threshold
 
 
 # Candidate thresholds of the search; the chosen one is the best of these on validation data. Finer near 1, where a
@@ -254,8 +256,8 @@ def choose_threshold(
     )
 
 
-def plot_threshold_curve(report: ThresholdReport, path: str | Path) -> None:
-    """Saves the expected speed-up over thresholds, with the oracle, the best fixed length and autoregressive."""
+def plot_threshold_curve(report: ThresholdReport, path: str | Path | BinaryIO) -> None:
+    """Saves (as PNG, to a path or a binary file) the expected speed-up over thresholds, with the oracle, the best fixed length and autoregressive."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
@@ -273,5 +275,5 @@ def plot_threshold_curve(report: ThresholdReport, path: str | Path) -> None:
     ax.set_title(f"cost ratio c = {report.cost.draft:.3f}")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)

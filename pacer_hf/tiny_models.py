@@ -71,9 +71,12 @@ def tiny_model(arch: str, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE, hidd
 
 
 def tiny_pair(
-    arch: str, draft_kind: str = "noisy", seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE
+    arch: str, draft_kind: str = "noisy", seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE,
+    draft_vocab_size: int | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedModel]:
-    """Returns `(target, draft)` of architecture `arch`; `draft_kind` is one of `DRAFT_KINDS`."""
+    """Returns `(target, draft)` of architecture `arch`; `draft_kind` is one of `DRAFT_KINDS`. With
+    `draft_vocab_size`, the draft's embedding rows are padded or cut to it (one tokenizer, other padding, as
+    Qwen2.5-0.5B's 151,936 rows against Qwen2.5-7B's 152,064)."""
     target = tiny_model(arch, seed=seed, vocab_size=vocab_size)
     if draft_kind == "same":
         draft = copy.deepcopy(target)
@@ -88,6 +91,10 @@ def tiny_pair(
     else:
         raise ValueError(f"`draft_kind` must be one of {DRAFT_KINDS}, got {draft_kind!r}.")
     draft.config._name_or_path = f"tiny-{arch}-seed{seed}-draft-{draft_kind}"
+    if draft_vocab_size is not None and draft_vocab_size != vocab_size:
+        torch.manual_seed(seed + 2)  # the new rows' initialisation
+        draft.resize_token_embeddings(draft_vocab_size, mean_resizing=False)
+        draft.config._name_or_path += f"-rows{draft_vocab_size}"
     return target, draft
 
 

@@ -12,6 +12,7 @@ Notation: B = rounds per batch, W = `max_draft`, H = draft hidden size, F = feat
 """
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -26,17 +27,19 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
 from pacer_core.config import PacerHeadConfig
+from pacer_core.files import write_json_atomic
 from pacer_core.head import PacerHead
 from pacer_core.pair import check_head_sizes
 
-from .collection import Collection, load_collection, write_json_atomic
+from .calibration import calibrate_entropy_rule, entropy_rule_config
+from .collection import Collection, load_collection
+from .hub import METRICS_NAME, PLOT_NAME
 from .rounds import RoundBatcher, Rounds, calibration_metrics, evaluate_head, predict_rounds
 from .threshold import CostModel, plot_threshold_curve
 
-METRICS_NAME = "training_metrics.json"
-PLOT_NAME = "threshold_curve.png"
 RUN_NAME = "training_run.json"
 CHECKPOINTS_DIR = "checkpoints"
+RUNNER_UP_DIR = "runner-up"  # the stop that lost the comparison, kept
 LATEST_NAME = "latest.json"
 PROGRESS_NAME = "progress.json"
 
@@ -82,7 +85,8 @@ class TrainingConfig:
 
 @dataclass
 class TrainResult:
-    """What [`train`] returns: the trained head (threshold set) and the metrics written to `training_metrics.json`."""
+    """What [`train`] returns: the saved stop (the trained head with its threshold, or the entropy rule at its
+    calibrated threshold, whichever is faster on the validation prompts) and the metrics of `training_metrics.json`."""
 
     head: PacerHead
     metrics: dict[str, Any]
@@ -166,8 +170,9 @@ def _head_config_for(collection: Collection, head_config: PacerHeadConfig | None
     return dataclasses.replace(
         base,
         draft_name_or_path=draft["name_or_path"], draft_revision=draft["revision"],
+        draft_fingerprint=draft.get("fingerprint"),  # absent from collections written before fingerprints
         target_name_or_path=target["name_or_path"], target_revision=target["revision"],
-        temperature=manifest["collection"]["temperature"],
+        target_vocab_size=target["vocab_size"], temperature=manifest["collection"]["temperature"],
     )
 
 
@@ -218,13 +223,16 @@ def train(
     config: TrainingConfig | None = None,
     resume: bool = False,
 ) -> TrainResult:
-    """Trains a PACER head on a collection, chooses its threshold and saves it to `output_dir`.
+    """Trains a PACER head on a collection, chooses its threshold, compares it with the entropy rule at its best
+    threshold ([`calibrate_entropy_rule`]) and saves the faster of the two to `output_dir` (the other goes to
+    `output_dir/runner-up`).
 
     Run it under `accelerate launch` for several GPUs or nodes; on one CPU it runs as is. Each epoch ends with a
     checkpoint (`accelerator.save_state`: model, optimiser, RNG states; epoch and global step in `progress.json`);
-    `resume=True` continues from the latest one and ends with the same head as an uninterrupted run. The head is
-    saved with the chosen threshold, its block size and both models' identity; `training_metrics.json` and
-    `threshold_curve.png` go next to it.
+    `resume=True` continues from the latest one and ends with the same head as an uninterrupted run. Both stops are
+    judged on the validation prompts by expected speed under `cost`, in the head's decoding mode; the saved one
+    records both models' identity, and `training_metrics.json` (with the comparison, `stop_comparison`) and
+    `threshold_curve.png` go next to it, in the same atomic save.
 
     Args:
         data_dir (`str` or `Path`): a collection written by [`pacer_hf.collect`].
@@ -236,7 +244,7 @@ def train(
         resume (`bool`, defaults to `False`): continue the run in `output_dir` from its latest checkpoint.
 
     Returns:
-        [`TrainResult`].
+        [`TrainResult`]: the saved stop and the metrics.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -319,6 +327,10 @@ def train(
     head = accelerator.unwrap_model(head).eval()
     val, report = evaluate_head(head, collection, val_sequences, cost)
     head.config = dataclasses.replace(head_config, threshold=report.best_threshold)
+    # The same data, split and expected-speed model for the training-free rule: the faster of the two is saved.
+    rule_report = calibrate_entropy_rule(collection, val_sequences, head.config, cost)
+    rule = PacerHead(entropy_rule_config(head.config, rule_report.entropy_threshold)).eval()
+    saved, runner_up = (head, rule) if report.best_speedup >= rule_report.speedup else (rule, head)
     manifest = collection.manifest
     metrics = {
         "prompt_source": manifest["prompt_source"],
@@ -333,13 +345,29 @@ def train(
         "train_seconds": time.perf_counter() - started,
         "val": val,
         "threshold": report.to_dict(),
+        "stop_comparison": {
+            "saved": saved.config.architecture,
+            "head": {"architecture": head.config.architecture, "threshold": report.best_threshold,
+                     "expected_speedup": report.best_speedup},
+            "entropy_rule": {"entropy_threshold": rule_report.entropy_threshold,
+                             "expected_speedup": rule_report.speedup, "curve": rule_report.curve},
+            "oracle_speedup": report.oracle_speedup,
+        },
     }
     accelerator.print(report.format())
-    accelerator.print(f"val AUC {val['auc']:.4f}, ECE {val['ece']:.4f}; threshold {report.best_threshold} saved")
+    accelerator.print(
+        f"val AUC {val['auc']:.4f}, ECE {val['ece']:.4f}. Expected speed-up on the validation prompts: the trained "
+        f"head {report.best_speedup:.3f} (threshold {report.best_threshold}), the entropy rule "
+        f"{rule_report.speedup:.3f} ({rule_report.entropy_threshold} nats), oracle stop {report.oracle_speedup:.3f}. "
+        f"Saved: the {'trained head' if saved is head else 'entropy rule'}; the other in {RUNNER_UP_DIR}/."
+    )
     if accelerator.is_main_process:
-        head.save_pretrained(output_dir, model_card_kwargs={"metrics": metrics})
-        write_json_atomic(output_dir / METRICS_NAME, metrics)
-        plot_threshold_curve(report, output_dir / PLOT_NAME)
+        plot = io.BytesIO()
+        plot_threshold_curve(report, plot)
+        extra = {METRICS_NAME: (json.dumps(metrics, indent=2) + "\n").encode(), PLOT_NAME: plot.getvalue()}
+        # one commit each: a folder never holds new weights beside old metrics, or a head without its config
+        runner_up.save_pretrained(output_dir / RUNNER_UP_DIR, model_card_kwargs={"metrics": metrics})
+        saved.save_pretrained(output_dir, model_card_kwargs={"metrics": metrics}, extra_files=extra)
     accelerator.wait_for_everyone()
-    return TrainResult(head=head, metrics=metrics)
+    return TrainResult(head=saved, metrics=metrics)
 

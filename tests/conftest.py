@@ -1,6 +1,9 @@
 """Shared fixtures: tiny models from configs with fixed seeds (no Hub), heads with known behaviour."""
 
+import functools
+import itertools
 import os
+import random
 
 # Set before torch is imported anywhere: OpenMP spin-waits make 2-core machines stall (see the README).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -10,6 +13,8 @@ import torch
 
 import pacer_hf  # noqa: F401  (teaches generate() the pacer_head= argument)
 from pacer_hf import PacerHead, PacerHeadConfig
+from pacer_hf.phrase_drafting import PhraseCandidateGenerator
+from pacer_hf.planner import Plan, RoundPlanner
 
 PROMPT = torch.tensor([[0, 11, 42, 7, 23, 5]])
 HEAD_KINDS = ("always", "never", "random", "entropy")
@@ -40,3 +45,36 @@ def make_head(draft, kind: str = "always", block_size: int = 2, max_draft: int =
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    ScriptedPlanner.calls = itertools.count()  # a test's planned rounds do not depend on the tests before it
+
+
+class ScriptedPlanner(RoundPlanner):
+    """A planner whose choices are seeded coin flips among what a round allows: copy one of the look-up's options
+    (a random length), draft (then a random tail), or a plain step. It covers every planner choice, and rounds that
+    switch source mid-call, whatever the costs; exactness must hold for all of them."""
+
+    calls = itertools.count()  # each call's planner draws its own choices, reproducibly over a test
+
+    def __init__(self, costs, max_new_tokens, seed: int = 0, kinds: tuple[str, ...] = ("copy", "draft", "step")):
+        super().__init__(costs, max_new_tokens)
+        self.rng, self.kinds = random.Random(seed * 100_003 + next(self.calls)), kinds
+
+    def plan(self, options, room, draft_room, draft_missing, draft_started):
+        kinds = [k for k in self.kinds if (k != "copy" or options) and (k != "draft" or draft_room > 0)] or ["step"]
+        kind = self.rng.choice(kinds)
+        if kind == "copy":
+            option = self.rng.choice(options)
+            return Plan("copy", 1.0, option, self.rng.randint(1, min(len(option.tokens), room)))
+        return Plan(kind, 1.0)
+
+    def tail_length(self, option, room, end):
+        if option is None or room <= 0 or self.rng.random() < 0.5:
+            return 0, 0.0
+        return self.rng.randint(1, min(len(option.tokens), room)), 0.0
+
+
+def scripted_rounds(seed: int = 0, kinds: tuple[str, ...] = ("copy", "draft", "step"), base=None):
+    """A `PhraseCandidateGenerator` subclass (or of `base`) whose rounds a [`ScriptedPlanner`] chooses."""
+    base = base if base is not None else PhraseCandidateGenerator
+    return type(f"Scripted{base.__name__}", (base,),
+                {"planner_class": functools.partial(ScriptedPlanner, seed=seed, kinds=kinds)})

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
-from pacer_hf import PacerHead, PacerHeadConfig
+from pacer_hf import PacerHead, PacerHeadConfig, PacerStats
 from pacer_hf.collection import FORMAT_NAME, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.tiny_models import tiny_model, tiny_pair
 
@@ -37,11 +37,11 @@ def test_greedy_labels_equal_drafting_rounds(tmp_path, arch):
     mixed = 0
     for s, span in enumerate(collection.sequence_slices()):
         prompt = torch.tensor([prompts[int(collection.prompt_index[s])]])
-        out = target.generate(prompt, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS,
-                              do_sample=False)
+        stats = PacerStats()
+        out = target.generate(prompt, assistant_model=draft, pacer_head=head, pacer_stats=stats,
+                              max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
         assert torch.equal(out[0, prompt.shape[1] :], collection.token[span])
         labels, start = collection.greedy_label[span], 0
-        stats = head.last_stats
         for drafted, accepted in zip(stats.draft_lengths, stats.accepted_lengths):
             assert accepted == min(_accepted_run(labels[start:]), drafted), f"round at {start}"
             mixed += 0 < accepted < drafted
@@ -96,7 +96,8 @@ def _downgrade_to_version_1(folder) -> None:
         tensors = {k: v for k, v in load_file(path).items() if not k.startswith("target_")}
         save_file(tensors, path, metadata={"format": FORMAT_NAME})
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    (folder / MANIFEST_NAME).write_text(json.dumps({**manifest, "format_version": 1}))
+    shards = [{k: v for k, v in shard.items() if k != "sha256"} for shard in manifest["shards"]]  # none in version 1
+    (folder / MANIFEST_NAME).write_text(json.dumps({**manifest, "format_version": 1, "shards": shards}))
 
 
 def test_version_1_collection_loads_without_target_state_and_is_never_extended(tmp_path):
@@ -175,6 +176,37 @@ def test_collect_full_disk_keeps_finished_shards_and_resumes(tmp_path, monkeypat
     assert load_collection(tmp_path).num_sequences == 3
 
 
+@pytest.mark.parametrize("damage", ["same-size", "truncate", "delete"])
+def test_a_damaged_shard_is_named_before_training_and_collect_repairs_it(tmp_path, damage):
+    target, draft = tiny_pair("llama", "noisy", seed=0)
+    prompts, config = _prompts(5), CollectionConfig(max_new_tokens=12, batch_size=1, shard_size=2)
+    collect(target, draft, prompts, tmp_path / "whole", config=config)
+    collect(target, draft, prompts, tmp_path / "data", config=config)
+    shard = tmp_path / "data" / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    if damage == "same-size":  # flip bytes deep in the tensors: the size, the header and the shapes stay valid
+        data[-64:-32] = bytes(255 - b for b in data[-64:-32])
+        shard.write_bytes(bytes(data))
+    elif damage == "truncate":
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        shard.unlink()
+    with pytest.raises(ValueError, match="shard-00001.safetensors` is (damaged|missing|unreadable).*`pacer-hf collect`"):
+        load_collection(tmp_path / "data")
+    from pacer_hf.training import TrainingConfig, train
+    from pacer_hf.threshold import CostModel
+
+    with pytest.raises(ValueError, match="shard-00001"):  # before any training: no epoch, no checkpoint
+        train(tmp_path / "data", tmp_path / "head", cost=CostModel(draft=0.3), config=TrainingConfig(epochs=1))
+    assert not (tmp_path / "head" / "checkpoints").exists()
+    repaired = collect(target, draft, prompts, tmp_path / "data", config=config)  # the same command repairs it
+    assert repaired == json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    whole, again = _shards(tmp_path / "whole"), _shards(tmp_path / "data")
+    for name in whole:
+        for key in whole[name]:
+            assert torch.equal(whole[name][key], again[name][key]), (name, key)
+
+
 def test_collect_max_prompts_grows_on_resume(tmp_path):
     target, draft = tiny_pair("llama", "noisy", seed=0)
     prompts = _prompts(3)
@@ -199,7 +231,7 @@ def test_collect_refuses_another_pair_or_settings(tmp_path):
 def test_collect_refuses_different_vocabularies(tmp_path):
     target = tiny_model("llama", seed=0, vocab_size=96)
     draft = tiny_model("llama", seed=1, vocab_size=100)
-    with pytest.raises(ValueError, match="vocabulary size 100.*padded vocabularies are not supported"):
+    with pytest.raises(ValueError, match="draft has 100 embedding rows and the target 96.*pass both"):
         collect(target, draft, _prompts(1), tmp_path)
     assert not (tmp_path / "manifest.json").exists()
 

@@ -10,7 +10,8 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pacer_hf import PacerHead, check_pair_compatible
+from pacer_hf import PacerHead, PacerStats
+from pacer_hf.pair import check_pair_compatible
 from pacer_hf.demo import TRAINED_HEAD
 from pacer_hf.hub import CARD_NAME, UPLOADED_FILES, prepare_upload
 from pacer_hf.models import PAIRS, PINNED_MODELS
@@ -91,12 +92,12 @@ def test_committed_head_keeps_greedy_output(head, arch):
         # The head's own threshold, then stricter ones, so that its stop/continue decisions both occur.
         for threshold in (head.config.threshold, 0.9, 0.999):
             for block_size in (head.config.block_size, 1, 3):
+                stats = PacerStats()
                 out = target.generate(
-                    prompt, assistant_model=draft, pacer_head=head, max_new_tokens=21, do_sample=False,
-                    pacer_threshold=threshold, pacer_block_size=block_size,
+                    prompt, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
+                    do_sample=False, pacer_threshold=threshold, pacer_block_size=block_size,
                 )
                 assert torch.equal(out, plain), (seed, threshold, block_size)
-                stats = head.last_stats
                 stops += stats.head_stops
                 passes += stats.head_calls - stats.head_stops
     assert stops > 0 and passes > 0

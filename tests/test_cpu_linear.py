@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from pacer_hf import PacerHeadConfig, check_pair_compatible, prepack_linear_weights
-from pacer_hf.cpu_linear import PrepackedLinear
+from pacer_hf import PacerHeadConfig, PacerStats, prepack_linear_weights
+from pacer_hf.pair import check_pair_compatible
+from pacer_hf.cpu_linear import PrepackedLinear, prepack_supported
 from pacer_hf.tiny_models import TINY_ARCHS, tiny_model, tiny_pair
 
 from conftest import PROMPT, make_head
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_prepacked_model_matches_stock_logits(arch, dtype):
+    if not prepack_supported(dtype):
+        pytest.skip(f"this CPU cannot prepack {dtype} (see test_an_unsupported_bfloat16_cpu_is_refused_clearly)")
     stock = tiny_model(arch, seed=0).to(dtype)
     packed = tiny_model(arch, seed=0).to(dtype)
     linears = sum(type(m) is nn.Linear for m in packed.modules())
@@ -39,9 +42,11 @@ def test_pacer_on_a_prepacked_pair_equals_its_plain_greedy(arch, head_kind):
     prepack_linear_weights(target, draft)
     plain = target.generate(PROMPT, max_new_tokens=21, do_sample=False)
     head = make_head(draft, head_kind, block_size=2, max_draft=8)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=21, do_sample=False)
+    stats = PacerStats()
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
+                          do_sample=False)
     assert torch.equal(out, plain)
-    assert head.last_stats.drafted_tokens > 0
+    assert stats.drafted_tokens > 0
 
 
 def test_prepacked_draft_keeps_its_identity_for_heads():
@@ -85,3 +90,11 @@ def test_one_unsupported_model_leaves_the_other_unchanged():
     with pytest.raises(ValueError, match="Nothing was changed"):
         prepack_linear_weights(good, bad)
     assert not any(isinstance(m, PrepackedLinear) for m in good.modules())
+
+
+@pytest.mark.skipif(prepack_supported(torch.bfloat16), reason="this CPU prepacks bfloat16")
+def test_an_unsupported_bfloat16_cpu_is_refused_clearly():
+    model = tiny_model("llama", seed=0).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="cannot prepack torch.bfloat16.*Nothing was changed"):
+        prepack_linear_weights(model)
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())

@@ -7,6 +7,7 @@ import torch
 from transformers.generation.utils import GenerationMixin
 
 import pacer_hf
+import pacer_hf.pair
 from pacer_hf import generation
 from pacer_hf.tiny_models import tiny_model, tiny_pair
 
@@ -109,13 +110,14 @@ def test_instance_route_works_without_the_global_patch(pair):
     expected = _generate(target)
     pacer_hf.unpatch_transformers()
     try:
-        assert not pacer_hf.is_transformers_patched()
+        assert not pacer_hf.generation.is_transformers_patched()
         head = make_head(draft, "random")
         with pytest.raises(ValueError, match="pacer_head"):  # stock transformers rejects the kwarg
             _generate(target, assistant_model=draft, pacer_head=head)
         pacer_hf.enable_pacer(target)
-        assert torch.equal(_generate(target, assistant_model=draft, pacer_head=head), expected)
-        assert head.last_stats.rounds > 0
+        stats = pacer_hf.PacerStats()
+        assert torch.equal(_generate(target, assistant_model=draft, pacer_head=head, pacer_stats=stats), expected)
+        assert stats.rounds > 0
         pacer_hf.disable_pacer(target)
         assert "generate" not in target.__dict__
         with pytest.raises(ValueError, match="pacer_head"):
@@ -143,15 +145,16 @@ def test_no_warning_on_the_normal_route(pair):
 def test_stats_are_per_call_and_consistent(pair):
     target, draft = pair
     head = make_head(draft, "random", block_size=2, max_draft=8)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=30, do_sample=False)
-    first = head.last_stats
+    first = pacer_hf.PacerStats()
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=first, max_new_tokens=30,
+                          do_sample=False)
     assert first.new_tokens == out.shape[1] - PROMPT.shape[1] == 30
     assert first.head_calls >= first.head_stops > 0
-    assert sum(first.draft_length_histogram.values()) == first.rounds
+    assert sum(first.draft_length_histogram.values()) == first.rounds == len(first.plans)
     assert first.draft_time_s > 0 and first.head_time_s > 0 and first.target_time_s > 0
     assert first.total_time_s >= first.draft_time_s + first.head_time_s
-    target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=5, do_sample=False)
-    assert head.last_stats is not first and head.last_stats.new_tokens == 5
+    assert [plan.accepted for plan in first.plans] == first.accepted_lengths
+    assert "last_stats" not in vars(head)  # statistics live with the call, not on the head
 
 
 def test_caller_stats_stay_apart_under_concurrent_calls(pair):
@@ -207,14 +210,77 @@ def test_import_opt_out_leaves_transformers_untouched():
     import sys
 
     code = (
-        "import pacer_hf; from transformers.generation.utils import GenerationMixin; "
-        "print(pacer_hf.is_transformers_patched())"
+        "import pacer_hf, pacer_hf.generation; from transformers.generation.utils import GenerationMixin; "
+        "print(pacer_hf.generation.is_transformers_patched())"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={"PACER_HF_NO_PATCH": "1", "PATH": ""},
         check=True,
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_head_on_the_meta_device_is_refused(pair):
+    target, draft = pair
+    with torch.device("meta"):
+        head = make_head(draft)
+    with pytest.raises(ValueError, match="`meta` device.*from_pretrained"):
+        _generate(target, assistant_model=draft, pacer_head=head)
+
+
+def test_inputs_embeds_without_input_ids_is_refused_with_the_fix(pair):
+    target, draft = pair
+    embeds = target.get_input_embeddings()(PROMPT)
+    with pytest.raises(ValueError, match="`inputs_embeds` without `input_ids`.*draft model reads token ids"):
+        target.generate(inputs_embeds=embeds, assistant_model=draft, pacer_head=make_head(draft), max_new_tokens=4)
+
+
+def test_max_draft_beyond_the_heads_position_table_is_refused(pair):
+    target, draft = pair
+    head = make_head(draft, "random", block_size=2, max_draft=8)
+    with pytest.raises(ValueError, match="`pacer_max_draft` is 32.*at most 8 draft tokens"):
+        _generate(target, assistant_model=draft, pacer_head=head, pacer_max_draft=32)
+    rule = make_head(draft, "entropy", block_size=1, max_draft=8)  # a rule has no table: any length
+    _generate(target, assistant_model=draft, pacer_head=rule, pacer_max_draft=32)
+
+
+def test_a_head_for_another_draft_of_the_same_sizes_warns_and_can_be_silenced(pair):
+    import copy
+
+    target, draft = pair
+    other = copy.deepcopy(draft)  # another fine-tune of the same base: its norms moved
+    other.config._name_or_path = "tiny-llama-other-fine-tune"
+    with torch.no_grad():
+        other.model.norm.weight.mul_(1.05)
+    head = make_head(draft, draft_fingerprint=pacer_hf.pair.draft_fingerprint(draft))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _generate(target, assistant_model=draft, pacer_head=head)  # its own draft: no warning
+    with pytest.warns(pacer_hf.DraftMismatchWarning, match=f"{draft.config._name_or_path}.*{other.config._name_or_path}"):
+        out = _generate(target, assistant_model=other, pacer_head=head)
+    assert torch.equal(out, _generate(target))  # still exact
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", pacer_hf.DraftMismatchWarning)
+        _generate(target, assistant_model=other, pacer_head=head)
+
+
+def test_the_fingerprint_ignores_dtype_and_prepacking_but_not_another_fine_tune(pair):
+    import copy
+
+    from pacer_hf.pair import draft_fingerprint
+
+    target, draft = pair
+    base = draft_fingerprint(draft)
+    assert draft_fingerprint(copy.deepcopy(draft).to(torch.bfloat16)) == base
+    packed = copy.deepcopy(draft)
+    pacer_hf.prepack_linear_weights(packed)
+    assert draft_fingerprint(packed) == base
+    tuned = copy.deepcopy(draft)
+    with torch.no_grad():
+        next(p for p in tuned.parameters() if p.dim() == 1).add_(0.01)
+    assert draft_fingerprint(tuned) != base
+    assert draft_fingerprint(tiny_model("gpt2", seed=0)) != base  # same widths, another architecture
 
 
 def test_head_trained_for_the_other_decoding_mode_warns(pair):

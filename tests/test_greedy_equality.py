@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from pacer_hf import PacerStats
 from pacer_hf.tiny_models import DRAFT_KINDS, TINY_ARCHS, tiny_pair
 
 from conftest import HEAD_KINDS, PROMPT, make_head
@@ -31,9 +32,10 @@ def _plain_greedy(arch: str, draft_kind: str, max_new_tokens: int = MAX_NEW_TOKE
 def test_greedy_equals_target_greedy_grid(arch, draft_kind, head_kind, block_size):
     target, draft = _pair(arch, draft_kind)
     head = make_head(draft, head_kind, block_size=block_size, max_draft=2 * block_size)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    stats = PacerStats()
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats,
+                          max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     assert torch.equal(out, _plain_greedy(arch, draft_kind))
-    stats = head.last_stats
     assert stats.new_tokens == MAX_NEW_TOKENS
     assert len(stats.draft_lengths) == stats.rounds
     assert all(a <= d for a, d in zip(stats.accepted_lengths, stats.draft_lengths))
@@ -46,9 +48,10 @@ def test_head_kinds_behave_as_named():
     target, draft = _pair("llama", "noisy")
     lengths = {}
     for kind in HEAD_KINDS:
-        head = make_head(draft, kind, block_size=2, max_draft=8)
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=40, do_sample=False)
-        lengths[kind] = head.last_stats.draft_lengths[:-3]  # the last rounds are cut by the length limit
+        head, stats = make_head(draft, kind, block_size=2, max_draft=8), PacerStats()
+        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=40,
+                        do_sample=False)
+        lengths[kind] = stats.draft_lengths[:-3]  # the last rounds are cut by the length limit
     assert set(lengths["always"]) == {8}
     assert set(lengths["never"]) == {2}
     assert len(set(lengths["random"])) > 1  # the mixed case: stops at different blocks
@@ -61,15 +64,16 @@ def test_greedy_equality_when_eos_inside_block():
     new = plain[0, PROMPT.shape[1]:].tolist()
     position = next(i for i in range(5, len(new)) if new[i] not in new[:i])
     eos = new[position]  # first occurrence at `position`: inside a block of 4
-    head = make_head(draft, "always", block_size=4, max_draft=8)
+    head, stats = make_head(draft, "always", block_size=4, max_draft=8), PacerStats()
     expected = target.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos)
     out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos
+        PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=False, eos_token_id=eos,
     )
     assert torch.equal(out, expected)
     assert out[0, -1].item() == eos and out.shape[1] == PROMPT.shape[1] + position + 1
     # drafting stopped at EOS: the draft never proposed tokens after it
-    assert head.last_stats.drafted_tokens == position + 1
+    assert stats.drafted_tokens == position + 1
 
 
 def test_greedy_equality_with_min_new_tokens_masking_eos():
@@ -124,12 +128,13 @@ def test_transformers_confidence_stop_does_not_interfere():
     target, draft = _pair("llama", "independent")
     draft.generation_config.assistant_confidence_threshold = 0.99  # would stop every stock round after 1 token
     try:
-        head = make_head(draft, "always", block_size=2, max_draft=8)
-        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=30, do_sample=False)
+        head, stats = make_head(draft, "always", block_size=2, max_draft=8), PacerStats()
+        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=30,
+                              do_sample=False)
     finally:
         draft.generation_config.assistant_confidence_threshold = 0.4
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=30, do_sample=False))
-    assert max(head.last_stats.draft_lengths) == 8
+    assert max(stats.draft_lengths) == 8
 
 
 def test_padded_prompt_greedy_equality():
@@ -147,11 +152,11 @@ def test_padded_prompt_greedy_equality():
 
 def test_block_score_mode_and_per_call_overrides():
     target, draft = _pair("qwen2", "noisy")
-    head = make_head(draft, "random", block_size=2, max_draft=8)
+    head, stats = make_head(draft, "random", block_size=2, max_draft=8), PacerStats()
     out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-        pacer_score_mode="block", pacer_block_size=3, pacer_max_draft=9, pacer_threshold=0.0,
+        PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=False, pacer_score_mode="block", pacer_block_size=3, pacer_max_draft=6, pacer_threshold=0.0,
     )
     assert torch.equal(out, _plain_greedy("qwen2", "noisy"))
-    assert max(head.last_stats.draft_lengths) == 9
+    assert max(stats.draft_lengths) == 6
     assert head.config.block_size == 2  # per-call overrides do not touch the head

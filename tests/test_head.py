@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from pacer_hf import PacerHead, PacerHeadConfig, draft_distribution_features
+from pacer_core import EntropyRule, NeuralHead, StopRule, draft_distribution_features
 from pacer_core.head import CONTINUE_LOGIT
-from pacer_core.stop_rule import log_pass_scores, says_stop
+from pacer_hf import PacerHead, PacerHeadConfig
 from pacer_hf.tiny_models import tiny_model
 
 
@@ -38,7 +38,7 @@ def test_attention_head_is_causal_over_the_round():
 
 def test_head_is_well_under_one_percent_of_a_small_draft():
     head = PacerHead(_config(draft_hidden_size=896, vocab_size=151936))
-    assert head.num_parameters < 0.01 * 494_000_000  # Qwen2.5-0.5B
+    assert head.num_parameters() < 0.01 * 494_000_000  # Qwen2.5-0.5B
 
 
 def test_draft_distribution_features_match_definitions():
@@ -135,6 +135,7 @@ def test_from_pretrained_weights_of_another_shape_is_an_error(tmp_path):
         ({"decoding": "beam"}, "decoding"),
         ({"head_hidden_size": 30, "num_attention_heads": 4}, "divisible"),
         ({"entropy_threshold": -1.0}, "entropy_threshold"),
+        ({"target_vocab_size": 0}, "target_vocab_size"),
     ],
 )
 def test_config_rejects_bad_values(overrides, message):
@@ -142,15 +143,66 @@ def test_config_rejects_bad_values(overrides, message):
         _config(**overrides)
 
 
-def test_config_rejects_non_numeric_threshold():
-    with pytest.raises(TypeError, match="threshold"):
-        _config(threshold="high")
+@pytest.mark.parametrize("overrides", [{"threshold": "high"}, {"block_size": 2.0}, {"vocab_size": True},
+                                       {"max_draft": "16"}, {"temperature": None}, {"entropy_threshold": "1"}])
+def test_config_rejects_the_wrong_type_with_a_type_error(overrides):
+    with pytest.raises(TypeError, match=next(iter(overrides))):
+        _config(**overrides)
+
+
+def test_head_kinds_are_two_classes_behind_one_interface(tmp_path):
+    neural, rule = PacerHead(_config()), PacerHead(_config(architecture="entropy"))
+    assert type(neural) is NeuralHead and type(rule) is EntropyRule
+    assert isinstance(neural, PacerHead) and isinstance(rule, PacerHead)
+    for head in (neural, rule):
+        head.save_pretrained(tmp_path / type(head).__name__)
+        assert type(PacerHead.from_pretrained(tmp_path / type(head).__name__)) is type(head)
+    with pytest.raises(ValueError, match="picks the kind"):
+        NeuralHead(_config(architecture="entropy"))
+
+
+def test_retired_keys_load_silently_and_unknown_keys_warn_by_version(tmp_path):
+    import warnings
+
+    from pacer_core import __version__
+
+    head = PacerHead(_config())
+    head.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "phrase_length": 8, "phrase_tail": 32}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PacerHead.from_pretrained(tmp_path)  # written by an earlier pacer-hf: nothing to say
+    (tmp_path / "config.json").write_text(json.dumps({**data, "mystery": 1, "pacer_hf_version": __version__}))
+    with pytest.warns(UserWarning, match="written by this same version.*by hand"):
+        PacerHead.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**data, "mystery": 1, "pacer_hf_version": "99.0"}))
+    with pytest.warns(UserWarning, match="newer pacer-hf .version 99.0.; upgrade"):
+        PacerHead.from_pretrained(tmp_path)
+
+
+def test_a_config_that_is_not_a_json_object_is_a_clear_error(tmp_path):
+    PacerHead(_config()).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a JSON list, not an object"):
+        PacerHead.from_pretrained(tmp_path)
+
+
+def test_a_mistyped_relative_folder_fails_at_once_without_the_hub(monkeypatch):
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    with pytest.raises(ValueError, match="`nope_rel` is neither an existing local folder nor a Hub repo id"):
+        PacerHead.from_pretrained("nope_rel")
 
 
 def test_entropy_stop_is_a_weightless_rule_that_saves_loads_and_casts(tmp_path):
     draft = tiny_model("qwen2", seed=1)
     head = PacerHead.entropy_stop(draft, 2.0)
-    assert head.num_parameters == 0
+    assert head.num_parameters() == 0 and isinstance(head, EntropyRule)
     assert (head.config.architecture, head.config.block_size, head.config.score_mode) == ("entropy", 1, "block")
     scores = torch.randn(1, 6, 96) * torch.tensor([0.1, 0.1, 5.0, 5.0, 1.0, 3.0]).view(1, 6, 1)  # flat to peaked
     features = draft_distribution_features(scores, scores.argmax(-1))  # [1, 6, 3]
@@ -167,7 +219,8 @@ def test_entropy_stop_is_a_weightless_rule_that_saves_loads_and_casts(tmp_path):
 
 
 def test_train_refuses_the_entropy_rule(tmp_path):
-    from pacer_hf import CostModel, train
+    from pacer_hf import train
+    from pacer_hf.threshold import CostModel
 
     with pytest.raises(ValueError, match="nothing to train"):
         train(tmp_path / "data", tmp_path / "head", cost=CostModel(draft=0.3),
@@ -180,14 +233,17 @@ def test_stop_rule_scores_rounds_in_a_batch_as_one_at_a_time(score_mode):
     torch.nn.init.normal_(head.classifier.weight, std=0.1)
     torch.nn.init.constant_(head.classifier.bias, 2.0)
     hidden, features = torch.randn(5, 4, 32), torch.randn(5, 4, 3)  # 5 rounds of 4 drafted tokens (2 blocks)
-    batched = log_pass_scores(head, hidden, features)
-    single = torch.cat([log_pass_scores(head, hidden[i : i + 1], features[i : i + 1]) for i in range(5)])
+    rule = StopRule(head, head.config)
+    batched = rule.log_pass_scores(hidden, features)
+    single = torch.cat([rule.log_pass_scores(hidden[i : i + 1], features[i : i + 1]) for i in range(5)])
     torch.testing.assert_close(batched, single)
     log_accept = torch.nn.functional.logsigmoid(head(hidden, features))  # [5, 4]
     expected = log_accept.sum(-1) if score_mode == "round" else log_accept[:, 2:].sum(-1)
     torch.testing.assert_close(batched, expected)
     # At the median pass score, rounds below it stop and the others draft on (per-call settings apply).
     config = dataclasses.replace(head.config, threshold=batched.exp().median().item())
-    assert says_stop(head, hidden, features, config).tolist() == (batched < batched.median()).tolist()
-    assert says_stop(head, hidden, features, config).sum() == 2
-    assert not says_stop(head, hidden, features, dataclasses.replace(config, threshold=0.0)).any()  # 0 never stops
+    assert StopRule(head, config).says_stop(hidden, features).tolist() == (batched < batched.median()).tolist()
+    assert StopRule(head, config).says_stop(hidden, features).sum() == 2
+    never = StopRule(head, dataclasses.replace(config, threshold=0.0))
+    assert not never.says_stop(hidden, features).any() and not never.asks_head(2)  # 0 never stops, never asks
+    assert StopRule(head, config).asks_head(2) and not StopRule(head, config).asks_head(3)  # after full blocks only

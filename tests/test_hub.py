@@ -190,3 +190,16 @@ def test_a_missing_folder_or_unreachable_repo_names_the_input(tmp_path, monkeypa
     monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
     with pytest.raises(OSError, match="no local folder `org/not-here`.*Hub is unreachable"):
         PacerHead.from_pretrained("org/not-here", cache_dir=tmp_path / "cache")
+
+
+def test_push_refuses_a_bad_speedup_and_a_missing_folder_at_once(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    from pacer_hf.cli import main
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
+    PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32)).save_pretrained(tmp_path / "head")
+    assert main(["push", str(tmp_path / "head"), "org/x", "--dry-run", "--speedup", "humaneval=fast"]) == 1
+    assert "`--speedup` takes NAME=VALUE with a number VALUE" in capsys.readouterr().err
+    assert main(["push", "nope_rel", "org/x", "--dry-run"]) == 1
+    assert "`nope_rel` is not a folder" in capsys.readouterr().err

@@ -332,3 +332,13 @@ def test_real_pair_loads_and_generates_greedy_tokens():
         vocab_sizes.add(model.config.vocab_size)
         del model
     assert vocab_sizes == {151936}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_this_machine_lacks_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="`--device cuda`, but this torch sees no cuda device.*--device cpu"):
+        models.check_device("cuda")
+    with pytest.raises(ValueError, match="must be cpu, cuda"):
+        models.check_device("gpu0")
+    models.check_device("cpu")
+    models.check_device("auto")

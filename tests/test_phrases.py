@@ -1,16 +1,22 @@
-"""Phrase drafting: the pool, and that phrases change only how many draft tokens one draft forward yields, never the
-output (greedy equality grid, padded prompts, EOS and the length limit inside a phrase)."""
+"""Phrase drafting and planned rounds: the pool, and that copies, phrase confirmation, tails and plain steps change
+only what a round sends, never the output (greedy equality grid over every planner choice, padded prompts, EOS and
+the length limit inside a copy, a pool shared by two calls)."""
 
 import functools
 import random
+import warnings
+import zlib
 
 import pytest
 import torch
 
-from pacer_hf import PhrasePool, phrases
+from pacer_hf import PacerStats, PhrasePool, phrases
+from pacer_hf.phrase_drafting import PhraseCandidateGenerator
+from pacer_hf.phrases import Phrase
+from pacer_hf.planner import costs_for
 from pacer_hf.tiny_models import DRAFT_KINDS, TINY_ARCHS, tiny_pair
 
-from conftest import PROMPT, make_head
+from conftest import PROMPT, make_head, scripted_rounds
 
 MAX_NEW_TOKENS = 21
 POOL_KINDS = ("always", "never", "random")
@@ -19,26 +25,25 @@ POOL_KINDS = ("always", "never", "random")
 class ScriptedPool(PhrasePool):
     """Proposes phrases that the draft's greedy choice always, never or randomly confirms: "always" is the draft's
     own greedy continuation, "never" that continuation with every token shifted by one, "random" each token of it
-    kept or replaced by a random token with probability 1/2. It says its key had `key_length` tokens: 1 feeds the
-    phrases to the draft, 2 or more also sends them to the target without drafting (lookup rounds)."""
+    kept or replaced by a random token with probability 1/2. Both look-ups propose them (as copies too)."""
 
-    def __init__(self, draft, kind: str, seed: int = 0, key_length: int = 1):
+    def __init__(self, draft, kind: str, seed: int = 0):
         super().__init__()
-        self.draft, self.kind, self.rng, self.key_length = draft, kind, random.Random(seed), key_length
+        self.draft, self.kind, self.rng = draft, kind, random.Random(seed)
         self.vocab_size = draft.config.get_text_config().vocab_size
 
     @torch.no_grad()
     def lookup(self, context, max_length):
-        if max_length <= 0:
-            return [], 0
         ids, phrase = torch.tensor([context]), []
-        for _ in range(max_length):
+        for _ in range(min(max_length, 8)):
             token = int(self.draft(ids).logits[0, -1].argmax())
             ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
             if self.kind == "never" or (self.kind == "random" and self.rng.random() < 0.5):
                 token = (token + 1 + self.rng.randrange(self.vocab_size - 1) * (self.kind == "random")) % self.vocab_size
             phrase.append(token)
-        return phrase, self.key_length
+        return Phrase(phrase, "sequence", 2)
+
+    lookup_earliest = lookup
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,35 +56,58 @@ def _plain_greedy(arch: str, draft_kind: str) -> torch.Tensor:
     return _pair(arch, draft_kind)[0].generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
 
 
+def _generate(target, draft, head, pool, generator=None, **kwargs):
+    stats = PacerStats()
+    extra = {"pacer_candidate_generator": generator} if generator is not None else {}
+    out = target.generate(PROMPT if "input_ids" not in kwargs else kwargs.pop("input_ids"), assistant_model=draft,
+                          pacer_head=head, pacer_phrases=pool, pacer_stats=stats, **extra, **kwargs)
+    return out, stats
+
+
 # ---- the pool ---------------------------------------------------------------------------------------------------
+
+
+def _found(phrase: Phrase) -> tuple[list[int], int]:
+    return phrase.tokens, phrase.match_length
 
 
 def test_pool_indexes_incrementally_and_the_longest_key_wins():
     pool = PhrasePool(phrase_length=4)
     pool.start_sequence([1, 2, 3, 9, 9, 5, 2, 3])
     # (2, 3) was last followed by 9: the 2-token key matches, the 3-token key (5, 2, 3) does not
-    assert pool.lookup([7, 5, 2, 3], 4) == ([9, 9, 5, 2], 2)
-    assert pool.lookup([1, 2, 3], 2) == ([9, 9], 3)  # 3-token key, cut to max_length
+    assert _found(pool.lookup([7, 5, 2, 3], 4)) == ([9, 9, 5, 2], 2)
+    assert _found(pool.lookup([1, 2, 3], 2)) == ([9, 9], 3)  # 3-token key, cut to max_length
     pool.extend([4, 4])  # now (2, 3) was last followed by 4: the latest occurrence wins
-    assert pool.lookup([8, 2, 3], 8) == ([4, 4], 2)
-    assert pool.lookup([6, 6, 4], 3) == ([4], 1)  # the n-gram ending at the last token has no continuation of its own
-    assert pool.lookup([77], 3) == ([], 0)
-    assert pool.lookup([1, 2, 3], 0) == ([], 0)
+    assert _found(pool.lookup([8, 2, 3], 8)) == ([4, 4], 2)
+    assert _found(pool.lookup([6, 6, 4], 3)) == ([4], 1)  # the n-gram ending at the last token has no continuation
+    assert _found(pool.lookup([77], 3)) == ([], 0)
+    assert _found(pool.lookup([1, 2, 3], 0)) == ([], 0)
+    assert pool.lookup([8, 2, 3], 8).source == "sequence"
 
 
 def test_pool_follows_the_occurrence_that_matches_furthest_back():
     pool = PhrasePool(phrase_length=3)
     pool.start_sequence([5, 1, 2, 3, 7, 8, 1, 2, 3, 9, 4, 1, 2, 3, 6])
     # (1, 2, 3) occurred three times; only the first was preceded by 5, as the context is: its phrase, matched on 4
-    assert pool.lookup([0, 5, 1, 2, 3], 3) == ([7, 8, 1], 4)
-    assert pool.lookup([4, 1, 2, 3], 3) == ([6], 4)  # preceded by 4: the latest occurrence, matched on 4
-    assert pool.lookup([0, 1, 2, 3], 3) == ([6], 3)  # no occurrence matches further back: the latest wins
+    assert _found(pool.lookup([0, 5, 1, 2, 3], 3)) == ([7, 8, 1], 4)
+    assert _found(pool.lookup([4, 1, 2, 3], 3)) == ([6], 4)  # preceded by 4: the latest occurrence, matched on 4
+    assert _found(pool.lookup([0, 1, 2, 3], 3)) == ([6], 3)  # no occurrence matches further back: the latest wins
     # The match is followed back at most MAX_MATCH_LENGTH tokens: beyond that, the earlier occurrence's longer
     # match no longer counts, and the latest occurrence wins the tie.
     cap = phrases.MAX_MATCH_LENGTH
     long = list(range(100, 100 + cap + 8))
     pool.start_sequence(long + [1] + long[-cap:] + [2])
-    assert pool.lookup(long, 1) == ([2], cap)
+    assert _found(pool.lookup(long, 1)) == ([2], cap)
+
+
+def test_earliest_lookup_is_prompt_lookups_rule():
+    pool = PhrasePool()
+    pool.start_sequence([5, 1, 2, 3, 7, 8, 1, 2, 3, 9, 4, 1, 2, 3, 6])
+    earliest = pool.lookup_earliest([4, 1, 2, 3], 4)
+    assert (earliest.tokens, earliest.source) == ([7, 8, 1, 2], "earliest")  # the first occurrence of (1, 2, 3)
+    assert earliest.match_length == 3  # preceded by 5 there, by 4 here
+    assert pool.lookup_earliest([0, 5, 1, 2, 3], 2).match_length == 4
+    assert pool.lookup_earliest([42], 4).tokens == []
 
 
 def test_incremental_index_equals_one_scan():
@@ -91,6 +119,7 @@ def test_incremental_index_equals_one_scan():
         many.extend(tokens[i : i + 5])
     for end in range(1, 61):
         assert one.lookup(tokens[:end], 8) == many.lookup(tokens[:end], 8)
+        assert one.lookup_earliest(tokens[:end], 8) == many.lookup_earliest(tokens[:end], 8)
 
 
 def test_pool_is_bounded_lru_and_warm_starts_the_next_call():
@@ -98,121 +127,137 @@ def test_pool_is_bounded_lru_and_warm_starts_the_next_call():
     pool.add([1], [10, 11, 12])
     pool.add([2], [20])
     pool.add([3], [30])
-    assert pool.lookup([1], 5) == ([10, 11], 1)  # stored phrases keep `phrase_length` tokens; the look-up refreshes 1
+    # stored phrases keep `phrase_length` tokens; the look-up refreshes 1
+    assert pool.lookup([1], 5) == Phrase([10, 11], "stored", 1)
     pool.add([4], [40])  # evicts the least recently used: 2
-    assert len(pool) == 3 and pool.lookup([2], 5) == ([], 0) and pool.lookup([1], 5) == ([10, 11], 1)
+    assert len(pool) == 3 and pool.lookup([2], 5).tokens == [] and pool.lookup([1], 5).tokens == [10, 11]
     warm = PhrasePool()
     warm.start_sequence([5, 6, 7, 8])
     warm.start_sequence([1])  # the next call: the previous sequence moves into the stored phrases
-    assert warm.lookup([5, 6, 7], 8) == ([8], 3) and warm.lookup([5], 8) == ([6, 7, 8], 1)
+    assert _found(warm.lookup([5, 6, 7], 8)) == ([8], 3) and _found(warm.lookup([5], 8)) == ([6, 7, 8], 1)
     warm.clear()
-    assert len(warm) == 0 and warm.lookup([5, 6, 7], 8) == ([], 0)
+    assert len(warm) == 0 and warm.lookup([5, 6, 7], 8).tokens == []
 
 
-@pytest.mark.parametrize("kwargs", [{"max_phrases": 0}, {"phrase_length": 0}, {"phrase_length": 2.5}])
-def test_pool_refuses_bad_settings(kwargs):
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
+@pytest.mark.parametrize("kwargs, error", [({"max_phrases": 0}, ValueError), ({"phrase_length": 0}, ValueError),
+                                           ({"phrase_length": 2.5}, TypeError)])
+def test_pool_refuses_bad_settings(kwargs, error):
+    with pytest.raises(error, match=next(iter(kwargs))):
         PhrasePool(**kwargs)
 
 
-# ---- greedy equality ----------------------------------------------------------------------------------------------
+# ---- greedy equality over every planner choice ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key_length", [1, 3])
+@pytest.mark.parametrize("kinds", [("copy", "draft", "step"), ("copy", "draft")])
 @pytest.mark.parametrize("block_size", [1, 4])
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
 @pytest.mark.parametrize("draft_kind", DRAFT_KINDS)
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_greedy_with_phrases_equals_target_greedy_grid(arch, draft_kind, pool_kind, block_size, key_length):
+def test_planned_greedy_equals_target_greedy_grid(arch, draft_kind, pool_kind, block_size, kinds):
     target, draft = _pair(arch, draft_kind)
     head = make_head(draft, "random", block_size=block_size, max_draft=2 * block_size)
-    pool = ScriptedPool(draft, pool_kind, key_length=key_length)
-    out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=pool, pacer_phrase_length=3,
-        pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-    )
+    pool = ScriptedPool(draft, pool_kind)
+    generator = scripted_rounds(seed=zlib.crc32(f"{arch}-{draft_kind}-{pool_kind}-{block_size}".encode()), kinds=kinds)
+    out, stats = _generate(target, draft, head, pool, generator, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     assert torch.equal(out, _plain_greedy(arch, draft_kind))
-    stats = head.last_stats
     assert stats.new_tokens == MAX_NEW_TOKENS
     # every confirmed phrase token saved one draft forward
     assert sum(stats.draft_lengths) == sum(stats.draft_forwards) + stats.phrase_tokens_confirmed
-    assert all(a <= d + t for a, d, t in zip(stats.accepted_lengths, stats.draft_lengths, stats.tail_lengths))
-    if key_length > 1:  # every round found a phrase keyed on 3 tokens: lookup rounds only, the draft never ran
-        assert sum(stats.draft_lengths) == 0 and sum(stats.tail_lengths) > 0
-    elif pool_kind == "always" and max(stats.draft_lengths) > 1:  # every phrase token is the draft's own choice
+    assert all(a <= d + c for a, d, c in zip(stats.accepted_lengths, stats.draft_lengths, stats.copied_lengths))
+    if pool_kind == "always" and max(stats.draft_lengths) > 1:  # every phrase token is the draft's own choice
         assert stats.tokens_per_draft_forward > 1
     elif pool_kind == "never":
         assert stats.phrase_tokens_confirmed == 0 and stats.tokens_per_draft_forward == 1
 
 
-def test_tail_follows_full_length_rounds_only_and_stays_exact():
+def test_the_scripted_planner_switches_source_mid_call():
     target, draft = _pair("qwen2", "noisy")
     head = make_head(draft, "random", block_size=2, max_draft=4)
-    out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "random"),
-        pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-    )
-    assert torch.equal(out, _plain_greedy("qwen2", "noisy"))
-    stats = head.last_stats
-    assert sum(stats.tail_lengths) > 0
-    assert all(t == 0 for d, t in zip(stats.draft_lengths, stats.tail_lengths) if d < 4)
-    off = make_head(draft, "random", block_size=2, max_draft=4)
-    target.generate(PROMPT, assistant_model=draft, pacer_head=off, pacer_phrases=ScriptedPool(draft, "random"),
-                    pacer_phrase_tail=0, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    assert sum(off.last_stats.tail_lengths) == 0
+    _, stats = _generate(target, draft, head, ScriptedPool(draft, "random"), scripted_rounds(seed=1),
+                         max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    kinds = [plan.kind for plan in stats.plans]
+    assert {"copy", "draft", "step"} <= set(kinds)
+    assert any(plan.kind == "draft" and plan.sent > plan.drafted for plan in stats.plans)  # a draft with a tail
+    assert sum(a != b for a, b in zip(kinds, kinds[1:])) >= 3
 
 
-def test_greedy_with_phrases_when_eos_or_the_length_limit_falls_inside_a_phrase():
+def test_the_real_planner_keeps_greedy_output_on_every_pair():
+    for arch in TINY_ARCHS:
+        for draft_kind in DRAFT_KINDS:
+            target, draft = _pair(arch, draft_kind)
+            out, stats = _generate(target, draft, make_head(draft, "entropy", block_size=1), True,
+                                   max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+            assert torch.equal(out, _plain_greedy(arch, draft_kind)), (arch, draft_kind)
+            assert all(plan.expected is not None for plan in stats.plans if plan.kind != "limit")
+
+
+def test_greedy_with_planned_rounds_when_eos_or_the_length_limit_falls_inside_a_copy():
     target, draft = _pair("llama", "same")
     plain = _plain_greedy("llama", "same")
     new = plain[0, PROMPT.shape[1] :].tolist()
     position = next(i for i in range(5, len(new)) if new[i] not in new[:i])
     eos = new[position]
-    for max_new_tokens in (position + 1, 9, 13):
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos)
-        head = make_head(draft, "always", block_size=1, max_draft=8)
-        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "always"),
-                              pacer_phrase_length=8, **kwargs)
-        assert torch.equal(out, target.generate(PROMPT, **kwargs))
-        assert head.last_stats.phrase_tokens_confirmed > 0
+    for kinds in (("copy",), ("draft",)):
+        for max_new_tokens in (position + 1, 9, 13):
+            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos)
+            head = make_head(draft, "always", block_size=1, max_draft=8)
+            out, stats = _generate(target, draft, head, ScriptedPool(draft, "always"), scripted_rounds(kinds=kinds),
+                                   **kwargs)
+            assert torch.equal(out, target.generate(PROMPT, **kwargs)), (kinds, max_new_tokens)
 
 
-def test_greedy_with_phrases_and_min_new_tokens():
+def test_greedy_with_planned_rounds_and_min_new_tokens():
     target, draft = _pair("gpt2", "noisy")
     eos = _plain_greedy("gpt2", "noisy")[0, PROMPT.shape[1] + 2].item()
     kwargs = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos, min_new_tokens=12)
     head = make_head(draft, "random", block_size=2, max_draft=8)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "random"),
-                          **kwargs)
+    out, _ = _generate(target, draft, head, ScriptedPool(draft, "random"), scripted_rounds(), **kwargs)
     assert torch.equal(out, target.generate(PROMPT, **kwargs))
 
 
-def test_greedy_with_phrases_on_a_padded_prompt():
+def test_greedy_with_planned_rounds_on_a_padded_prompt():
     target, draft = _pair("llama", "noisy")
     ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), PROMPT], dim=-1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(PROMPT)], dim=-1)
     kwargs = dict(attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=0)
     head = make_head(draft, "random", block_size=2, max_draft=8)
-    out = target.generate(ids, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "random"),
-                          **kwargs)
+    out, _ = _generate(target, draft, head, ScriptedPool(draft, "random"), scripted_rounds(), input_ids=ids, **kwargs)
     assert torch.equal(out, target.generate(ids, **kwargs))
 
 
 def test_real_pool_learns_within_a_call_and_across_calls():
-    """The shipped pool on a repetitive prompt: phrases confirm tokens, output stays exact, and a pool passed to the
-    next call starts warm."""
+    """The shipped pool: copies from it stay exact, and a pool passed to the next call starts warm (the second call
+    of the same prompt copies its whole output from what the first stored)."""
     target, draft = _pair("qwen2", "same")
     prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
     plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
     pool = PhrasePool()
     head = make_head(draft, "always", block_size=1, max_draft=8)
+    accepted = []
     for _ in range(2):
-        out = target.generate(prompt, assistant_model=draft, pacer_head=head, pacer_phrases=pool, max_new_tokens=30,
-                              do_sample=False)
+        out, stats = _generate(target, draft, head, pool, scripted_rounds(kinds=("copy", "draft")), input_ids=prompt,
+                               max_new_tokens=30, do_sample=False)
         assert torch.equal(out, plain)
-        assert sum(head.last_stats.tail_lengths) > 0  # the repeated prompt is copied in lookup rounds
-        assert head.last_stats.tail_tokens_accepted > 0
+        accepted.append(stats.copied_tokens_accepted)
     assert len(pool) > 0  # the first call's sequence was stored when the second started
+    assert accepted[1] > accepted[0]
+
+
+def test_a_call_that_only_copies_never_runs_the_draft():
+    """The lazy draft: no draft forward (not even the prompt's prefill) until a round drafts."""
+    target, draft = _pair("qwen2", "same")
+    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    calls = []
+    handle = draft.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        head = make_head(draft, "always", block_size=1, max_draft=8)
+        out, stats = _generate(target, draft, head, PhrasePool(), scripted_rounds(kinds=("copy",)), input_ids=prompt,
+                               max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    finally:
+        handle.remove()
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    assert stats.round_kinds.get("copy", 0) > 0 and calls == []
 
 
 # ---- the API --------------------------------------------------------------------------------------------------
@@ -223,26 +268,49 @@ def test_phrase_settings_are_checked():
     head = make_head(draft)
     with pytest.raises(TypeError, match="pacer_phrases"):
         target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases="yes", max_new_tokens=4)
-    with pytest.raises(ValueError, match="pacer_phrases=True"):
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrase_length=4, max_new_tokens=4)
     with pytest.raises(ValueError, match="without `pacer_head`"):
         target.generate(PROMPT, assistant_model=draft, pacer_phrases=True, max_new_tokens=4)
-    with pytest.raises(ValueError, match="phrase_length"):
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=True, pacer_phrase_length=0,
+    with pytest.raises(ValueError, match="not used by the model"):  # the phrase knobs live on the pool now
+        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=True, pacer_phrase_length=3,
                         max_new_tokens=4)
-    with pytest.raises(ValueError, match="phrase_tail"):
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=True, pacer_phrase_tail=-1,
-                        max_new_tokens=4)
+
+
+def test_a_pool_in_use_by_another_call_is_refused():
+    """A streamer runs inside a call: starting a second call with the same pool from there is two calls at once."""
+    from transformers.generation.streamers import BaseStreamer
+
+    target, draft = _pair("llama", "noisy")
+    pool = PhrasePool()
+    errors = []
+
+    class Reentrant(BaseStreamer):
+        def put(self, value):
+            if not errors:
+                with pytest.raises(ValueError, match="in use by another `generate\\(\\)` call") as info:
+                    target.generate(PROMPT, assistant_model=draft, pacer_head=make_head(draft), pacer_phrases=pool,
+                                    max_new_tokens=3)
+                errors.append(info.value)
+
+        def end(self):
+            pass
+
+    stats = PacerStats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the outer call still decodes with PACER
+        out = target.generate(PROMPT, assistant_model=draft, pacer_head=make_head(draft), pacer_phrases=pool,
+                              pacer_stats=stats, max_new_tokens=6, do_sample=False, streamer=Reentrant())
+    assert errors and torch.equal(out, target.generate(PROMPT, max_new_tokens=6, do_sample=False))
+    assert stats.new_tokens == 6
+    # once the call is over the pool is free again
+    target.generate(PROMPT, assistant_model=draft, pacer_head=make_head(draft), pacer_phrases=pool, max_new_tokens=3)
 
 
 def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
-    TEMPERATURE = 0.3
-    """Drafted tokens (phrase-confirmed or not) carry the draft's processed q; tail tokens a one-hot row; never None."""
-    from pacer_hf import PacerCandidateGenerator
-
+    """Drafted tokens (phrase-confirmed or not) carry the draft's processed q; copied tokens a one-hot row."""
+    temperature = 0.3
     rounds = []
 
-    class Recording(PacerCandidateGenerator):
+    class Recording(scripted_rounds(seed=3)):
         def get_candidates(self, input_ids, *args, **kwargs):
             ids, scores = super().get_candidates(input_ids, *args, **kwargs)
             rounds.append((input_ids.shape[1], ids, scores, self.stats.draft_lengths[-1]))
@@ -251,28 +319,43 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
     target, draft = _pair("qwen2", "noisy")
     head = make_head(draft, "random", block_size=2, max_draft=4, decoding="sampling")
     # a low temperature, so that the draft's samples often equal its argmax, which the "always" pool proposes
-    target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=ScriptedPool(draft, "always"),
-                    pacer_candidate_generator=Recording, pacer_phrase_tail=3, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=TEMPERATURE,
-                    top_k=0)
-    assert sum(head.last_stats.tail_lengths) > 0 and head.last_stats.phrase_tokens_confirmed > 0
+    _, stats = _generate(target, draft, head, ScriptedPool(draft, "always"), Recording,
+                         max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=temperature, top_k=0)
+    assert sum(stats.copied_lengths) > 0 and stats.phrase_tokens_confirmed > 0
     for length, ids, scores, drafted in rounds:
         if ids.shape[1] == length:
+            assert scores is None
             continue
         assert scores is not None and scores.shape[1] == ids.shape[1] - length
         tokens = ids[0, length:]
         rows = scores[0]  # [k + e, V]
-        with torch.no_grad():  # the draft's q on each drafted token's own prefix, recomputed without a cache
-            q = draft(ids[:, : length + drafted - 1]).logits[0, length - 1 :] / TEMPERATURE  # [drafted, V]
-        torch.testing.assert_close(rows[:drafted], q.float(), atol=1e-4, rtol=1e-4)
-        tail = rows[drafted:]
-        assert (tail.argmax(-1) == tokens[drafted:]).all()
-        assert torch.equal(tail.softmax(-1), torch.nn.functional.one_hot(tokens[drafted:], rows.shape[-1]).float())
+        if drafted:
+            with torch.no_grad():  # the draft's q on each drafted token's own prefix, recomputed without a cache
+                q = draft(ids[:, : length + drafted - 1]).logits[0, length - 1 :] / temperature  # [drafted, V]
+            torch.testing.assert_close(rows[:drafted], q.float(), atol=1e-4, rtol=1e-4)
+        copied = rows[drafted:]
+        assert torch.equal(copied.softmax(-1), torch.nn.functional.one_hot(tokens[drafted:], rows.shape[-1]).float())
 
 
 def test_none_means_not_set_for_every_pacer_keyword():
     target, draft = _pair("llama", "noisy")
     head = make_head(draft)
+    stats = PacerStats()
     out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=None, pacer_threshold=None,
-                          pacer_phrase_length=None, max_new_tokens=6, do_sample=False)
+                          pacer_stats=stats, max_new_tokens=6, do_sample=False)
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=6, do_sample=False))
-    assert head.last_stats.phrase_tokens_offered == 0 and head.last_stats.tail_lengths == []
+    assert stats.phrase_tokens_offered == 0 and set(stats.round_kinds) <= {"draft", "limit"}
+
+
+def test_phrase_generator_is_what_phrases_select():
+    target, draft = _pair("llama", "noisy")
+    built = []
+
+    class Spy(PhraseCandidateGenerator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    target.generate(PROMPT, assistant_model=draft, pacer_head=make_head(draft), pacer_phrases=True,
+                    pacer_candidate_generator=Spy, max_new_tokens=3)
+    assert built and built[0].planner.costs is costs_for(target, draft)  # the pair's costs, shared across calls

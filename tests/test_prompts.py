@@ -73,3 +73,10 @@ def test_the_prompt_encoder_wraps_a_user_turn_in_a_real_chat_template():
         encode_prompt(tokenizer, "Hi!", "on")
     with pytest.raises(ValueError, match="must be one of"):
         encode_prompt(tokenizer, "Hi!", "yes")
+
+
+def test_a_malformed_jsonl_line_names_the_file_and_the_line(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "one"}\n\n{prompt: "two"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"Line 3 of `.*prompts\.jsonl` is not valid JSON \(Expecting property name"):
+        load_prompt_set(str(path))

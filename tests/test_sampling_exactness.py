@@ -16,8 +16,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PhrasePool
+from pacer_core import NeuralHead
+from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PacerStats, PhrasePool
+from pacer_hf.phrase_drafting import PhraseCandidateGenerator
+from pacer_hf.phrases import Phrase
 from pacer_hf.tiny_models import tiny_pair
+
+from conftest import scripted_rounds
 
 VOCAB = 8
 TEMPERATURE = 0.7
@@ -25,7 +30,7 @@ NUM_SAMPLES = 1200
 PROMPT = torch.tensor([[0, 3, 5, 1]])
 
 
-class _TokenProbabilityHead(PacerHead):
+class _TokenProbabilityHead(NeuralHead):
     """Predicts acceptance iff the drafted token had draft probability > 0.3: stops depend on the drafted token."""
 
     def forward(self, hidden_states, features):
@@ -35,12 +40,12 @@ class _TokenProbabilityHead(PacerHead):
 class _DropsFailedBlock(PacerCandidateGenerator):
     """Broken on purpose: withholds the block the head rejected, so the draft length depends on that block."""
 
-    def _draft_blocks(self, input_ids, max_new_tokens):
-        tokens, scores, stopped = super()._draft_blocks(input_ids, max_new_tokens)
-        if not stopped:
-            return tokens, scores, stopped
-        keep = tokens.shape[1] - self.config.block_size
-        return tokens[:, :keep], (scores[:, :keep] if keep else None), stopped
+    def _draft_blocks(self, input_ids, room):
+        run = super()._draft_blocks(input_ids, room)
+        if run.end != "head":
+            return run
+        keep = run.tokens.shape[1] - self.config.block_size
+        return dataclasses.replace(run, tokens=run.tokens[:, :keep], scores=run.scores[:, :keep] if keep else None)
 
 
 class _ReturnsUnprocessedLogits(PacerCandidateGenerator):
@@ -67,73 +72,111 @@ def pair_and_exact_joint():
     return target, draft, joint.flatten().numpy()
 
 
-class _RandomPhrases(PhrasePool):
-    """Random phrases (its own generator, never the target's): some confirmed by the draft's samples, some not.
-    With `key_length` 2 every round is a lookup round (phrase sent without drafting)."""
+class _GreedyDraftPhrases(PhrasePool):
+    """Phrases of up to 4 tokens that are the draft's greedy continuation of the context (cached per context): the
+    draft's samples confirm them often (about half the time on this pair, against an eighth for uniform tokens), and
+    the planner copies them (one-hot rows). Any phrase keeps the output exact; these give the test power, and since
+    they are argmax tokens, not samples of q, a generator that takes them as drafted tokens is visibly biased."""
 
-    def __init__(self, key_length: int = 1):
-        super().__init__()
-        self.rng, self.key_length = random.Random(7), key_length
+    def __init__(self, draft):
+        super().__init__(phrase_length=2)
+        self.draft = draft
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+
+    @torch.no_grad()
+    def _continuation(self, context: tuple[int, ...]) -> list[int]:
+        if context not in self._cache:
+            ids = list(context)
+            for _ in range(4):
+                ids.append(int(self.draft(torch.tensor([ids])).logits[0, -1].argmax()))
+            self._cache[context] = ids[len(context) :]
+        return self._cache[context]
 
     def lookup(self, context, max_length):
-        return [self.rng.randrange(VOCAB) for _ in range(max(0, max_length))], self.key_length
+        return Phrase(self._continuation(tuple(context))[: max(0, max_length)], "sequence", 1)
+
+    lookup_earliest = lookup
 
 
-class _DraftRowOnTail(PacerCandidateGenerator):
-    """Broken on purpose: reports the draft's last q row for the tail tokens instead of their one-hot rows."""
+class _DraftRowOnCopies(PhraseCandidateGenerator):
+    """Broken on purpose: reports the draft's last q row for the copied tokens after a draft, not their one-hot rows."""
 
     def get_candidates(self, input_ids, *args, **kwargs):
         ids, scores = super().get_candidates(input_ids)
         drafted = self.stats.draft_lengths[-1]
-        if scores is not None and scores.shape[1] > drafted:
+        if scores is not None and drafted and scores.shape[1] > drafted:
             scores = scores.clone()
             scores[:, drafted:] = scores[:, drafted - 1 : drafted]
         return ids, scores
 
 
-class _TakesPhraseTokens(PacerCandidateGenerator):
-    """Broken on purpose: takes each phrase token as drafted without the draft's own choice, reporting q for it."""
+class _TakesPhraseTokens(PhraseCandidateGenerator):
+    """Broken on purpose: takes each phrase token fed to the draft as drafted, without the draft's own choice,
+    reporting the draft's q for it."""
 
-    def _forward(self, ids, phrase):
-        self._pending = list(phrase)
-        return super()._forward(ids, phrase)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pending, forward = [], self.draft.forward
 
-    def _select(self, scores):
+        def recording_forward(ids, guess):
+            self._pending = list(guess)
+            return forward(ids, guess)
+
+        self.draft.forward = recording_forward
+
+    def _select(self, ids, logits, hidden):
+        step = super()._select(ids, logits, hidden)
         if self._pending:
-            return torch.tensor([[self._pending.pop(0)]])
-        return super()._select(scores)
+            step.token = torch.tensor([[self._pending.pop(0)]])
+        return step
+
+
+class _KeepsConfirmedDraftsOnly(PhraseCandidateGenerator):
+    """Broken on purpose, the bug a planner that filters drafts could have: a round keeps its drafted tokens only as
+    far as they agree with the phrase looked up at its start, so whether a drafted token is sent depends on itself."""
+
+    def _draft_blocks(self, input_ids, room):
+        phrase = self.phrases.lookup(input_ids[0].tolist(), room).tokens
+        run = super()._draft_blocks(input_ids, room)
+        keep = 0
+        while keep < run.tokens.shape[1] and keep < len(phrase) and int(run.tokens[0, keep]) == phrase[keep]:
+            keep += 1
+        return dataclasses.replace(run, tokens=run.tokens[:, :keep], scores=run.scores[:, :keep] if keep else None)
 
 
 def _chi_square_pvalue(
     target, draft, joint: np.ndarray, generator_cls, block_size: int = 1, score_mode: str = "round", max_draft: int = 3,
-    phrases: bool = False, key_length: int = 1, entropy_threshold: float | None = None,
+    phrases: bool = False, entropy_threshold: float | None = None, check_power: bool = True,
 ) -> float:
     config = PacerHeadConfig(
         vocab_size=VOCAB, draft_hidden_size=32, block_size=block_size, max_draft=max_draft, threshold=0.5,
-        score_mode=score_mode, decoding="sampling", phrase_length=2, phrase_tail=2,
+        score_mode=score_mode, decoding="sampling",
     )
     if entropy_threshold is None:
         head = _TokenProbabilityHead(config)
     else:  # the library's weightless rule: stops that depend on the drafted prefix through q's entropy
         head = PacerHead(dataclasses.replace(config, architecture="entropy", entropy_threshold=entropy_threshold))
-    pool = _RandomPhrases(key_length) if phrases else None
+    pool = _GreedyDraftPhrases(draft) if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
-    stops = confirmed = tails = 0
+    stops = confirmed = copied = 0
+    kinds = set()
     for _ in range(NUM_SAMPLES):
+        stats = PacerStats()
         out = target.generate(
             PROMPT, assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE, top_k=0,
-            max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls,
+            max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls, pacer_stats=stats,
         )
         first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
         counts[first * VOCAB + second] += 1
-        stops += head.last_stats.head_stops
-        confirmed += head.last_stats.phrase_tokens_confirmed
-        tails += sum(head.last_stats.tail_lengths)
-    if max_draft > block_size and key_length == 1:
+        stops += stats.head_stops
+        confirmed += stats.phrase_tokens_confirmed
+        copied += sum(stats.copied_lengths)
+        kinds |= set(stats.round_kinds)
+    if check_power and max_draft > block_size:
         assert stops > NUM_SAMPLES // 10, "the head must stop rounds often for this test to have power"
-    if phrases and key_length == 1:  # mixed candidates, often: one-hot tail tokens, and phrase-confirmed draft tokens where there is room
-        assert tails > NUM_SAMPLES // 10
+    if check_power and phrases:  # mixed candidates, often: copied tokens (one-hot rows) and phrase-confirmed draft tokens
+        assert copied > NUM_SAMPLES // 10 and {"copy", "draft", "step"} <= kinds
         assert confirmed > NUM_SAMPLES // 10 or max_draft == 1
     expected = joint / joint.sum() * NUM_SAMPLES
     dense = expected >= 5  # chi-square needs expected counts >= 5: pool the rare cells into one
@@ -164,21 +207,21 @@ def test_sampling_with_larger_blocks_matches_target_distribution(pair_and_exact_
     assert pvalue > 1e-3
 
 
-# The chi-square test reads the first two sampled tokens: with max_draft 1 a round is one drafted token and a tail
-# (one-hot rows at the second position); with max_draft 2 the second drafted token often comes from a confirmed phrase.
+# The chi-square test reads the first two sampled tokens. Every planner choice occurs, at random: copy rounds (one-hot
+# rows only), drafted rounds with copied tails (mixed rows), plain steps; with max_draft 2 the second drafted token
+# often comes from a confirmed phrase.
 @pytest.mark.parametrize("max_draft", [1, 2])
-def test_sampling_with_phrases_and_tail_matches_target_distribution(pair_and_exact_joint, max_draft):
-    """Mixed candidates: drafted and phrase-confirmed tokens (rows: the draft's q) and a phrase tail (rows: one-hot)."""
-    pvalue = _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, max_draft=max_draft, phrases=True)
+def test_sampling_with_planned_rounds_matches_target_distribution(pair_and_exact_joint, max_draft):
+    pvalue = _chi_square_pvalue(*pair_and_exact_joint, scripted_rounds(seed=max_draft), max_draft=max_draft,
+                                phrases=True)
     assert pvalue > 1e-3
 
 
-def test_sampling_with_lookup_rounds_matches_target_distribution(pair_and_exact_joint):
-    """Phrases keyed on 2+ tokens go to the target without drafting: candidates of one-hot rows only."""
-    pvalue = _chi_square_pvalue(*pair_and_exact_joint, PacerCandidateGenerator, phrases=True, key_length=2)
-    assert pvalue > 1e-3
-
-
-@pytest.mark.parametrize("broken_cls, max_draft", [(_DraftRowOnTail, 1), (_TakesPhraseTokens, 2)])
+@pytest.mark.parametrize("broken_cls, max_draft", [(_DraftRowOnCopies, 1), (_TakesPhraseTokens, 2),
+                                                   (_KeepsConfirmedDraftsOnly, 3)])
 def test_sampling_test_catches_broken_phrase_generator(pair_and_exact_joint, broken_cls, max_draft):
-    assert _chi_square_pvalue(*pair_and_exact_joint, broken_cls, max_draft=max_draft, phrases=True) < 1e-5
+    # Every round drafts (then copies a tail half the time), so that each bug meets every sample; a broken generator
+    # must fail on its p-value, whatever else its rounds do.
+    generator = scripted_rounds(seed=5, base=broken_cls, kinds=("draft",))
+    pvalue = _chi_square_pvalue(*pair_and_exact_joint, generator, max_draft=max_draft, phrases=True, check_power=False)
+    assert pvalue < 1e-5

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eval import ablations, headroom
 import pacer_hf  # noqa: F401  (teaches generate() the `pacer_head` argument)
-from pacer_hf import PacerHead, PacerHeadConfig, PrepackedLinear
+from pacer_hf import PacerHead, PacerHeadConfig, PacerStats
+from pacer_hf.cpu_linear import PrepackedLinear
 from pacer_hf.cli import main
 from pacer_hf.collection import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CollectionConfig, collect, load_collection
 from pacer_hf.collection import _totals, _write_shard, write_json_atomic
@@ -27,19 +27,22 @@ FAST = dict(epochs=6, batch_size=32, learning_rate=3e-3)
 COST = CostModel(draft=0.2, head=0.01)
 
 
-def _synthetic_collection(folder, shuffle_labels: bool = False, sequences: int = 40, length: int = 48) -> None:
+def _synthetic_collection(folder, shuffle_labels: bool = False, sequences: int = 40, length: int = 48,
+                          by_entropy: bool = False) -> None:
     """Acceptance is a function of the hidden state alone (the features are noise): a head that reads the hidden
-    state can learn it; shuffled labels carry nothing to learn."""
+    state can learn it; shuffled labels carry nothing to learn. With `by_entropy`, acceptance is instead exactly
+    "the draft's entropy is below 1 nat" (the entropy feature), the rule's own form."""
     generator = torch.Generator().manual_seed(0)
     direction = torch.randn(HIDDEN, generator=generator)
     records = []
     for s in range(sequences):
         hidden = torch.randn(length, HIDDEN, generator=generator)
-        score = hidden @ direction / HIDDEN**0.5 + 0.8  # about 75% accepted
+        features = torch.randn(length, 3, generator=generator).abs() * 1.5  # entropy-like: >= 0 nats
+        score = 1.0 - features[:, 2] if by_entropy else hidden @ direction / HIDDEN**0.5 + 0.8  # ~75% accepted
         soft = torch.sigmoid(4 * score)
         records.append({
-            "hidden": hidden.to(torch.bfloat16), "features": torch.randn(length, 3, generator=generator),
-            "sampling_features": torch.randn(length, 3, generator=generator),
+            "hidden": hidden.to(torch.bfloat16), "features": features,
+            "sampling_features": features if by_entropy else torch.randn(length, 3, generator=generator),
             "greedy_label": (score > 0).to(torch.uint8), "soft_label": soft,
             "token": torch.zeros(length, dtype=torch.long),
             "prompt_index": torch.tensor([s]), "numerics_mismatches": 0,
@@ -86,6 +89,31 @@ def test_train_learns_synthetic_acceptance(tmp_path):
     assert (saved.config.block_size, saved.config.decoding) == (2, "greedy")
     assert (tmp_path / "head" / "threshold_curve.png").stat().st_size > 0
     assert json.loads((tmp_path / "head" / "training_metrics.json").read_text())["val"] == result.metrics["val"]
+
+
+@pytest.mark.parametrize("by_entropy", [False, True])
+def test_train_saves_the_faster_of_the_head_and_the_calibrated_entropy_rule(tmp_path, by_entropy):
+    _synthetic_collection(tmp_path / "data", by_entropy=by_entropy)
+    result = train(tmp_path / "data", tmp_path / "head", cost=COST, head_config=_head_config(),
+                   config=TrainingConfig(**FAST, val_fraction=0.25))
+    comparison = result.metrics["stop_comparison"]
+    head_speed, rule = comparison["head"]["expected_speedup"], comparison["entropy_rule"]
+    assert rule["expected_speedup"] == max(rule["curve"].values())
+    saved, runner_up = PacerHead.from_pretrained(tmp_path / "head"), PacerHead.from_pretrained(tmp_path / "head" / "runner-up")
+    winner_speed = rule["expected_speedup"] if comparison["saved"] == "entropy" else head_speed
+    assert winner_speed >= max(head_speed, rule["expected_speedup"])  # never slower than the other by that measure
+    assert saved.config.architecture == comparison["saved"] == result.head.config.architecture
+    assert {saved.config.architecture, runner_up.config.architecture} == {"attention", "entropy"}
+    if by_entropy:  # acceptance is the rule's own form: the rule finds its threshold, 1 nat, and wins
+        assert rule["entropy_threshold"] == 1.0 and comparison["saved"] == "entropy"
+    else:  # the entropy feature is noise, the hidden state holds the signal: only the head can read it
+        assert comparison["saved"] == "attention" and head_speed > rule["expected_speedup"]
+    rule_folder = tmp_path / "head" / ("." if comparison["saved"] == "entropy" else "runner-up")
+    loaded = PacerHead.from_pretrained(rule_folder)
+    assert (loaded.config.entropy_threshold, loaded.config.draft_name_or_path) == (rule["entropy_threshold"],
+                                                                                   "synthetic-draft")
+    card = (tmp_path / "head" / "README.md").read_text()
+    assert "calibrated the training-free entropy rule" in card and f"{rule['entropy_threshold']} nats" in card
 
 
 def test_train_cannot_learn_shuffled_labels(tmp_path):
@@ -180,11 +208,29 @@ def test_threshold_zero_equals_fixed_max_draft():
 def test_measure_cost_model_on_tiny_models():
     target, draft = tiny_pair("llama", "noisy", seed=0)
     head = PacerHead(PacerHeadConfig(vocab_size=96, draft_hidden_size=32, block_size=2, max_draft=8))
-    cost = measure_cost_model(draft, target, head, repeats=2)
+    seen = []
+    original = cost_measurement._timed_generate
+
+    def recording(*args, **kwargs):
+        seconds, rounds, drafted = original(*args, **kwargs)
+        seen.append((rounds, drafted, args[-1]))
+        return seconds, rounds, drafted
+
+    cost_measurement._timed_generate = recording
+    try:
+        for attempt in range(3):  # tiny models take milliseconds: a busy machine can drown a fit in noise
+            try:
+                cost = measure_cost_model(draft, target, head, repeats=2)
+                break
+            except ValueError:
+                if attempt == 2:
+                    raise
+    finally:
+        cost_measurement._timed_generate = original
     assert 0 < cost.draft < 10 and 0 < cost.head < 10 and cost.verify == 0
     # The timed calls really drafted a constant length per round (threshold 0 never stops one).
-    lengths = head.last_stats.draft_lengths
-    assert lengths[0] == 4 and max(lengths) == 4
+    assert {length for _, _, length in seen} == {1, 4}
+    assert all(drafted <= rounds * length for rounds, drafted, length in seen)
 
 
 def _fake_generate(round_s: float, drafted_s: float, prefill_s: float, rounds_seen: list):
@@ -221,8 +267,9 @@ def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
     torch.nn.init.normal_(head.classifier.weight, std=2.0)  # a head that stops some rounds, not all
     torch.nn.init.constant_(head.classifier.bias, 1.0)
     head.eval()
-    target.generate(torch.tensor(prompts), assistant_model=draft, pacer_head=head, max_new_tokens=48, do_sample=False)
-    stats = head.last_stats
+    stats = PacerStats()
+    target.generate(torch.tensor(prompts), assistant_model=draft, pacer_head=head, pacer_stats=stats,
+                    max_new_tokens=48, do_sample=False)
     span = collection.sequence_slices()[0]
     draft_length, head_calls = head_draft_lengths(window_logprobs(head, RoundBatcher(collection, head.config), span),
                                                   head.config.threshold, head.config)
@@ -293,42 +340,6 @@ def test_cli_collect_train_push_pipeline(tmp_path, capsys, monkeypatch):
     assert main(["train", str(tmp_path / "data"), str(tmp_path / "head-other"), "--cost-ratio", "0.3",
                  "--prepack"]) == 1
     assert "--prepack applies to the cost measurement" in capsys.readouterr().err
-
-    # The ablation report scores the head as training did (same split, same threshold search) and in the other mode.
-    ablations.main(["--data", str(tmp_path / "data"), "--runs", str(tmp_path / "head"), "--cost-ratio", "0.3",
-                    "--out", str(tmp_path / "ablations")])
-    rows = json.loads((tmp_path / "ablations.json").read_text())["rows"]
-    row = rows[0]
-    assert [r["architecture"] for r in rows[1:]] == ["entropy"] * 4  # the entropy stop's reference rows
-    trained = json.loads((tmp_path / "head" / "training_metrics.json").read_text())["threshold"]
-    assert row["greedy"]["threshold"] == trained["best_threshold"] == head.config.threshold
-    assert row["greedy"]["speedup"] == pytest.approx(trained["best_speedup"])
-    assert 0.0 < row["sampling"]["speedup"] <= row["sampling"]["oracle"] + 1e-9
-    assert "| head (attention, block 2) |" in (tmp_path / "ablations.md").read_text()
-    # Sampled draft tokens cost more: the sampling columns use their own cost, the greedy ones are unchanged.
-    ablations.main(["--data", str(tmp_path / "data"), "--runs", str(tmp_path / "head"), "--cost-ratio", "0.3",
-                    "--sampling-cost-ratio", "0.6", "--out", str(tmp_path / "ablations-costly")])
-    costly = json.loads((tmp_path / "ablations-costly.json").read_text())
-    assert costly["costs"]["sampling"]["draft"] == 0.6 and costly["costs"]["greedy"]["draft"] == 0.3
-    assert costly["rows"][0]["greedy"] == row["greedy"]
-    assert costly["rows"][0]["sampling"]["oracle"] < row["sampling"]["oracle"]
-
-    # The headroom probe reads the draft's lm_head and scores the head as trained next to its stacks.
-    headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
-                   str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "6:8", "rest=8:10",
-                   "--cost-ratio", "0.3", "--out", str(tmp_path / "headroom")])
-    probe = json.loads((tmp_path / "headroom.json").read_text())
-    # a format-2 collection: the target's round-start candidates are scored too
-    assert [r["candidate"] for r in probe["rows"]] == ["head as trained", *headroom.CANDIDATES]
-    assert probe["rows"][0]["threshold"] == head.config.threshold
-    assert probe["sequences"] == {"fit": 6, "6:8": 2, "rest": 2} and probe["eval_sets"] == ["6:8", "rest"]
-    assert all(0.0 < r[name]["speedup"] <= r[name]["oracle"] + 1e-9 for r in probe["rows"] for name in ("6:8", "rest"))
-    assert "| + target features + hidden |" in (tmp_path / "headroom.md").read_text()
-    with pytest.raises(SystemExit):
-        headroom.main(["--data", str(tmp_path / "data"), "--head", str(tmp_path / "head"), "--draft",
-                       str(tmp_path / "draft"), "--fit-prompts", "0:6", "--eval-prompts", "5:10", "--cost-ratio",
-                       "0.3", "--out", str(tmp_path / "overlap")])
-    assert "overlap" in capsys.readouterr().err
 
     assert main(["push", str(tmp_path / "head"), "org/pacer-tiny", "--dry-run", "--speedup", "humaneval=1.25"]) == 0
     out = capsys.readouterr()

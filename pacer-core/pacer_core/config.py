@@ -11,6 +11,9 @@ from ._version import __version__
 ARCHITECTURES = ("attention", "mlp", "entropy")
 SCORE_MODES = ("round", "block")
 DECODING_MODES = ("greedy", "sampling")
+# Keys that earlier versions wrote and this one no longer reads (phrase drafting's settings moved to pacer-hf's
+# per-call options): dropped on load without a warning.
+RETIRED_KEYS = ("phrase_length", "phrase_tail")
 
 
 def model_sizes(model: Any) -> tuple[int, int]:
@@ -19,9 +22,23 @@ def model_sizes(model: Any) -> tuple[int, int]:
     return model.config.get_text_config().vocab_size, model.get_output_embeddings().weight.shape[1]
 
 
-def log_threshold(threshold: float) -> float:
-    """The stop rule in log space: a round stops when its log pass score is below this (-inf for 0: never)."""
-    return math.log(threshold) if threshold > 0 else -math.inf
+def _check_int(name: str, value: Any, low: int, why: str | None = None) -> None:
+    """`TypeError` unless `value` is an int (not a bool); `ValueError` unless it is >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}).")
+    if value < low:
+        raise ValueError(f"`{name}` must be >= {why or low}, got {value}.")
+
+
+def _check_number(name: str, value: Any, low: float, high: float, open_low: bool = False) -> float:
+    """`TypeError` unless `value` is a real number (not a bool); `ValueError` outside `[low, high]` (or
+    `(low, high]`). Returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
+    if not (low < value if open_low else low <= value) or not value <= high:
+        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ValueError(f"`{name}` must be in {bounds}, got {value}.")
+    return float(value)
 
 
 @dataclass
@@ -34,7 +51,7 @@ class PacerHeadConfig:
 
     Args:
         vocab_size (`int`):
-            Vocabulary size of the draft model (`config.vocab_size`) the head was built for.
+            Vocabulary size of the draft model (`config.vocab_size`, its embedding rows) the head was built for.
         draft_hidden_size (`int`):
             Width of the draft model's last (post-norm) hidden state, the head's main input.
         draft_name_or_path (`str`, *optional*):
@@ -45,6 +62,13 @@ class PacerHeadConfig:
             Hub id or path of the target model the acceptance labels came from.
         target_revision (`str`, *optional*):
             Revision (commit) of the target model when known.
+        target_vocab_size (`int`, *optional*):
+            Vocabulary size (embedding rows) of the target, when known. It differs from `vocab_size` for pairs that
+            share one tokenizer but pad their embeddings differently (Qwen2.5-0.5B's 151,936 rows, 7B's 152,064).
+        draft_fingerprint (`str`, *optional*):
+            A hash of the draft's architecture and of the parameters that quantization and dtype casts leave alone
+            (its norms and biases), from [`draft_fingerprint`]: `generate()` warns when the head meets a draft of the
+            same sizes with another fingerprint (another fine-tune of the same base, say).
         architecture (`str`, defaults to `"attention"`):
             `"attention"`: one causal self-attention block over the round's positions, then an MLP (reference).
             `"mlp"`: a per-token MLP (ablation).
@@ -64,19 +88,11 @@ class PacerHeadConfig:
         score_mode (`str`, defaults to `"round"`):
             `"round"`: pass score = product of the predicted acceptance probabilities of the whole round so far
             (the probability that the next block is reached at all). `"block"`: product over the last block only.
-        phrase_length (`int`, defaults to 8):
-            With phrase drafting (`generate(..., pacer_phrases=True)`): most phrase tokens fed to the draft beside its
-            own input in one forward, for it to confirm.
-        phrase_tail (`int`, defaults to 32):
-            With phrase drafting: most phrase tokens sent to the target without the draft, after a round that
-            reached `max_draft` or confirmed a whole phrase, and in a lookup round (0: none); a phrase whose source
-            matched the context on m tokens sends at most 6 m. They are verified like drafted tokens, with one-hot
-            candidate rows.
         decoding (`str`, defaults to `"greedy"`):
             The decoding mode whose acceptance labels the head was trained on (`"greedy"` or `"sampling"`).
         entropy_threshold (`float`, defaults to 1.0):
             Nats; the `"entropy"` architecture's rule (ignored by the others). 1.0 was chosen for Qwen2.5-Coder
-            0.5B -> 1.5B on prompts disjoint from every evaluation set (`python -m eval.tune_entropy`).
+            0.5B -> 1.5B on prompts disjoint from every evaluation set (`python -m eval.research.tune_entropy`).
         temperature (`float`, defaults to 1.0):
             Sampling temperature of the soft acceptance labels a `"sampling"` head was trained on (ignored for
             `"greedy"`); `pacer-hf train` copies it from the collected data.
@@ -90,6 +106,8 @@ class PacerHeadConfig:
     draft_revision: str | None = field(default=None, metadata={"help": "Revision of the draft, when known."})
     target_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or path of the target."})
     target_revision: str | None = field(default=None, metadata={"help": "Revision of the target, when known."})
+    target_vocab_size: int | None = field(default=None, metadata={"help": "Embedding rows of the target."})
+    draft_fingerprint: str | None = field(default=None, metadata={"help": "Hash of the draft's identity."})
     architecture: str = field(default="attention", metadata={"help": f"One of {ARCHITECTURES}."})
     head_hidden_size: int = field(default=128, metadata={"help": "Width of the head's residual stream."})
     num_attention_heads: int = field(default=4, metadata={"help": "Heads of the attention block."})
@@ -97,40 +115,22 @@ class PacerHeadConfig:
     threshold: float = field(default=0.5, metadata={"help": "Stop drafting when the pass score falls below this."})
     max_draft: int = field(default=16, metadata={"help": "Most draft tokens per round."})
     score_mode: str = field(default="round", metadata={"help": f"One of {SCORE_MODES}."})
-    phrase_length: int = field(default=8, metadata={"help": "Most phrase tokens the draft confirms per forward."})
-    phrase_tail: int = field(default=32, metadata={"help": "Most phrase tokens sent without the draft."})
     decoding: str = field(default="greedy", metadata={"help": f"One of {DECODING_MODES}."})
     entropy_threshold: float = field(default=1.0, metadata={"help": "Nats; the entropy rule's threshold."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of a sampling head's labels."})
     pacer_hf_version: str = field(default=__version__, metadata={"help": "pacer-hf version that wrote it."})
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "draft_hidden_size", "head_hidden_size", "num_attention_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        for name, low in (("block_size", 1), ("phrase_length", 1), ("phrase_tail", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
-        if not isinstance(self.max_draft, int) or isinstance(self.max_draft, bool) or self.max_draft < self.block_size:
-            raise ValueError(
-                f"`max_draft` must be an integer >= `block_size` ({self.block_size}), got {self.max_draft!r}: "
-                "a round drafts at least one block."
-            )
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
-            raise TypeError(f"`threshold` must be a number in [0, 1], got {self.threshold!r}.")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"`threshold` must be in [0, 1], got {self.threshold}.")
-        self.threshold = float(self.threshold)
-        temperature = self.temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise ValueError(f"`temperature` must be a number > 0, got {self.temperature!r}.")
-        self.temperature = float(self.temperature)
-        entropy = self.entropy_threshold
-        if isinstance(entropy, bool) or not isinstance(entropy, (int, float)) or not entropy >= 0:
-            raise ValueError(f"`entropy_threshold` must be a number >= 0 (nats), got {self.entropy_threshold!r}.")
-        self.entropy_threshold = float(entropy)
+        for name, low in (("vocab_size", 1), ("draft_hidden_size", 1), ("head_hidden_size", 1),
+                          ("num_attention_heads", 1), ("block_size", 1)):
+            _check_int(name, getattr(self, name), low)
+        if self.target_vocab_size is not None:
+            _check_int("target_vocab_size", self.target_vocab_size, 1)
+        _check_int("max_draft", self.max_draft, self.block_size, why=f"`block_size` ({self.block_size}): a round "
+                   "drafts at least one block")
+        self.threshold = _check_number("threshold", self.threshold, 0.0, 1.0)
+        self.temperature = _check_number("temperature", self.temperature, 0.0, math.inf, open_low=True)
+        self.entropy_threshold = _check_number("entropy_threshold", self.entropy_threshold, 0.0, math.inf)
         for name, allowed in (
             ("architecture", ARCHITECTURES),
             ("score_mode", SCORE_MODES),
@@ -159,12 +159,17 @@ class PacerHeadConfig:
         if not isinstance(data, dict):
             raise TypeError(f"A PACER head config must be a JSON object, got {type(data).__name__}.")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known - set(RETIRED_KEYS))
         if unknown:
+            saved_by = data.get("pacer_hf_version", "unknown")
+            advice = (
+                "It was written by this same version, so the keys were added by hand or by another fork"
+                if saved_by == __version__ else
+                f"It was probably saved by a newer pacer-hf (version {saved_by}); upgrade pacer-hf"
+            )
             warnings.warn(
-                f"The PACER head config has keys this pacer-hf ({__version__}) does not know: {unknown}. It was "
-                f"probably saved by a newer pacer-hf (version {data.get('pacer_hf_version', 'unknown')}); upgrade "
-                "pacer-hf. The keys are ignored.",
+                f"The PACER head config has keys this pacer-hf ({__version__}) does not know: {unknown}. {advice}. "
+                "The keys are ignored.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -1,4 +1,4 @@
-"""`PacerHead`: the pre-verification head, its Hub I/O, and the pair check.
+"""`PacerHead`: the stop head's interface and Hub I/O, and its two kinds, `NeuralHead` and `EntropyRule`.
 
 Notation used in shapes: B = batch, k = draft positions of the round so far, H = draft hidden size,
 V = vocabulary, F = number of distribution features, D = head width.
@@ -7,7 +7,6 @@ V = vocabulary, F = number of distribution features, D = head width.
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,14 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ._version import __version__
+from .files import recover_folder, save_folder_atomic
 from .config import PacerHeadConfig
 from .features import ENTROPY_FEATURE, NUM_DISTRIBUTION_FEATURES
 from .model_card import build_model_card
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+CARD_NAME = "README.md"
 # Initial classifier bias: sigmoid(10) = 0.99995, so an untrained head predicts "accept" everywhere and drafting
 # continues to `max_draft` (plain fixed-length drafting) for any threshold below 0.999.
 CONTINUE_LOGIT = 10.0
@@ -39,6 +40,50 @@ CONTINUE_LOGIT = 10.0
 ENTROPY_LOGIT_SCALE = 50.0
 # The drafting settings under which the entropy rule stops exactly at the first token above its threshold.
 ENTROPY_RULE_SETTINGS = {"architecture": "entropy", "block_size": 1, "score_mode": "block", "threshold": 0.5}
+
+
+def _check_hub_id(name: str) -> None:
+    """Refuses, before any network access, a name that can be neither a local folder nor a head's Hub repo. Heads live
+    in `namespace/name` repos; a bare name (a mistyped relative folder, usually) would otherwise cost many seconds of
+    Hub retries before failing."""
+    try:
+        validate_repo_id(name)
+        valid = name.count("/") == 1
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise ValueError(
+            f"`{name}` is neither an existing local folder nor a Hub repo id (`org/name`). Pass the folder that "
+            "`pacer-hf train` or `save_pretrained` wrote, or a Hub id."
+        )
+
+
+def _check_config_file(name: str, kwargs: dict[str, Any]) -> None:
+    """Refuses a `config.json` that is JSON but not an object (the mixin would fail with an `AttributeError`)."""
+    if os.path.isdir(name):
+        path = os.path.join(name, CONFIG_NAME)
+        if not os.path.isfile(path):
+            return  # `_from_pretrained` names the missing file
+    else:
+        hub_kwargs = ("revision", "cache_dir", "force_download", "token", "local_files_only")
+        try:
+            path = hf_hub_download(repo_id=name, filename=CONFIG_NAME,
+                                   **{k: kwargs[k] for k in hub_kwargs if k in kwargs})
+        except EntryNotFoundError:
+            return
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"The `{CONFIG_NAME}` of PACER head `{name}` holds a JSON {type(data).__name__}, not an object of "
+            "`PacerHeadConfig` fields: it is not a head config. Re-download or re-save the head."
+        )
+
+
+def _check_kind(head: nn.Module, config: PacerHeadConfig, architectures: tuple[str, ...]) -> None:
+    if config.architecture not in architectures:
+        raise ValueError(f"A `{type(head).__name__}` has architecture {architectures}, got a config for "
+                         f"{config.architecture!r}; build heads with `PacerHead(config)`, which picks the kind.")
 
 
 class _CausalSelfAttention(nn.Module):
@@ -66,60 +111,48 @@ class PacerHead(
     license="apache-2.0",
     tags=["speculative-decoding", "pacer"],
 ):
-    """PACER pre-verification head (arXiv 2602.01274): predicts, for each drafted token of a round, the log-odds
-    that the target accepts it given that all earlier tokens of the round were accepted.
+    """A PACER stop head (arXiv 2602.01274): for each drafted token of a round, the log-odds that the target accepts
+    it given that all earlier tokens of the round were accepted.
 
-    Inputs per drafted position: the draft model's post-norm last hidden state (the input of its `lm_head`) and
-    [`draft_distribution_features`] of the processed draft distribution. The reference architecture is one
-    causal self-attention block over the round's positions followed by an MLP; `config.architecture="mlp"` is
-    the per-token ablation. An untrained head predicts "accept" everywhere (see `CONTINUE_LOGIT`).
-    `config.architecture="entropy"` is a training-free rule with no weights ([`PacerHead.entropy_stop`]): for greedy
-    decoding on the Qwen2.5-Coder pair it stops as well as the trained heads or better (docs/qwen-head.md).
+    Two kinds behind this one interface, chosen by `config.architecture`; `PacerHead(config)` and
+    `PacerHead.from_pretrained(...)` build the kind the config names:
+    - [`NeuralHead`] (`"attention"`, the reference: one causal self-attention block over the round's positions, then
+      an MLP; `"mlp"`: the per-token ablation), trained with `pacer-hf train`. Its inputs per drafted position: the
+      draft's post-norm last hidden state (the input of its `lm_head`) and [`draft_distribution_features`] of the
+      processed draft distribution.
+    - [`EntropyRule`] (`"entropy"`): a training-free rule with no weights ([`PacerHead.entropy_stop`]); for greedy
+      decoding on the Qwen2.5-Coder pair it stops as well as the trained heads or better (docs/qwen-head.md).
 
-    Weights are saved as `model.safetensors` next to `config.json` (a [`PacerHeadConfig`]); nothing is pickled.
+    A head folder is `config.json` (a [`PacerHeadConfig`]) and `model.safetensors` (empty for a rule); nothing is
+    pickled.
 
     Example:
 
     ```python
     >>> import pacer_hf
-    >>> from pacer_hf import PacerHead, PacerHeadConfig
-    >>> head = PacerHead(PacerHeadConfig(vocab_size=draft.config.vocab_size, draft_hidden_size=draft.config.hidden_size))
+    >>> from pacer_hf import PacerHead, PacerHeadConfig, PacerStats
+    >>> head = PacerHead(PacerHeadConfig.for_draft(draft))  # untrained: drafts to max_draft, like a fixed length
     >>> head.save_pretrained("my-head")
     >>> head = PacerHead.from_pretrained("my-head")  # or a Hub id
-    >>> out = target.generate(**inputs, assistant_model=draft, pacer_head=head, max_new_tokens=64)
-    >>> head.last_stats  # PacerStats of the latest call; pass `pacer_stats=PacerStats()` when threads share a head
+    >>> stats = PacerStats()
+    >>> out = target.generate(**inputs, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=64)
     ```
 
     See also transformers' assisted generation:
     https://huggingface.co/docs/transformers/generation_strategies#speculative-decoding
     """
 
+    def __new__(cls, config: PacerHeadConfig, *args, **kwargs):
+        # `PacerHead(config)` builds the kind the config names; a subclass builds itself.
+        if cls is PacerHead:
+            cls = EntropyRule if getattr(config, "architecture", None) == "entropy" else NeuralHead
+        return super().__new__(cls, config, *args, **kwargs)
+
     def __init__(self, config: PacerHeadConfig):
         super().__init__()
         if not isinstance(config, PacerHeadConfig):
             raise TypeError(f"`config` must be a `PacerHeadConfig`, got {type(config).__name__}.")
         self.config = config
-        # PacerStats of the latest generate() call with this head: a convenience for one caller at a time. Calls that
-        # may overlap (threads) pass their own `generate(..., pacer_stats=PacerStats())`.
-        self.last_stats = None
-        if config.architecture == "entropy":
-            # Not saved (the config holds it); a buffer so that `.to()` gives the rule the head's device and dtype.
-            self.register_buffer("entropy_threshold", torch.tensor(config.entropy_threshold), persistent=False)
-            return
-        width = config.head_hidden_size
-        self.hidden_norm = nn.LayerNorm(config.draft_hidden_size)
-        self.hidden_proj = nn.Linear(config.draft_hidden_size, width)
-        self.feature_proj = nn.Linear(NUM_DISTRIBUTION_FEATURES, width)
-        self.position_embedding = nn.Embedding(config.max_draft, width)
-        if config.architecture == "attention":
-            self.attn_norm = nn.LayerNorm(width)
-            self.attn = _CausalSelfAttention(width, config.num_attention_heads)
-        self.mlp_norm = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-        self.out_norm = nn.LayerNorm(width)
-        self.classifier = nn.Linear(width, 1)
-        nn.init.zeros_(self.classifier.weight)
-        nn.init.constant_(self.classifier.bias, CONTINUE_LOGIT)
 
     def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Acceptance logits for the drafted positions of one round.
@@ -134,19 +167,10 @@ class PacerHead(
             `torch.FloatTensor` of shape `(batch_size, num_draft_tokens)`: log-odds that the target accepts each
             token given that the earlier tokens of the round were accepted.
         """
-        if self.config.architecture == "entropy":
-            return ENTROPY_LOGIT_SCALE * (self.entropy_threshold - features[..., ENTROPY_FEATURE])  # [B, k]
-        num_draft_tokens = hidden_states.shape[1]
-        positions = torch.arange(num_draft_tokens, device=hidden_states.device).clamp(max=self.config.max_draft - 1)
-        x = self.hidden_proj(self.hidden_norm(hidden_states)) + self.feature_proj(features)  # [B, k, D]
-        x = x + self.position_embedding(positions)
-        if self.config.architecture == "attention":
-            x = x + self.attn(self.attn_norm(x))
-        x = x + self.mlp(self.mlp_norm(x))
-        return self.classifier(self.out_norm(x)).squeeze(-1)  # [B, k]
+        raise NotImplementedError
 
     @classmethod
-    def entropy_stop(cls, draft: nn.Module, entropy_threshold: float | None = None, **settings: Any) -> "PacerHead":
+    def entropy_stop(cls, draft: nn.Module, entropy_threshold: float | None = None, **settings: Any) -> "EntropyRule":
         """The training-free entropy rule as a head: drafting stops right after the first token whose processed draft
         distribution has an entropy above `entropy_threshold` nats, or at `max_draft`.
 
@@ -158,15 +182,15 @@ class PacerHead(
         Args:
             draft (`nn.Module`): the draft model (sizes the config, for the same pair check as a trained head).
             entropy_threshold (`float`, *optional*): nats; defaults to `PacerHeadConfig`'s.
-            settings: other [`PacerHeadConfig`] fields (`max_draft`, `phrase_tail`, ...).
+            settings: other [`PacerHeadConfig`] fields (`max_draft`, `decoding`, ...).
         """
         rule = dict(ENTROPY_RULE_SETTINGS)
         if entropy_threshold is not None:
             rule["entropy_threshold"] = entropy_threshold
-        return cls(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
+        return PacerHead(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
 
-    @property
     def num_parameters(self) -> int:
+        """Number of parameters (0 for a rule), like transformers' `PreTrainedModel.num_parameters()`."""
         return sum(p.numel() for p in self.parameters())
 
     @property
@@ -181,8 +205,8 @@ class PacerHead(
 
     @property
     def _anchor(self) -> torch.Tensor:
-        # A tensor that `.to()` moves with the head; the entropy rule has no parameters, only its buffer.
-        return self.entropy_threshold if self.config.architecture == "entropy" else self.classifier.bias
+        """A tensor that `.to()` moves with the head: it gives the head's device and dtype."""
+        raise NotImplementedError
 
     # ---- saving and loading -------------------------------------------------------------------------------
 
@@ -194,23 +218,33 @@ class PacerHead(
         repo_id: str | None = None,
         push_to_hub: bool = False,
         model_card_kwargs: dict[str, Any] | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
         **push_to_hub_kwargs,
     ) -> str | None:
-        """Saves `config.json`, `model.safetensors` and a model card to `save_directory`, atomically per file.
+        """Saves `config.json`, `model.safetensors`, a model card and `extra_files` to `save_directory`, all of them
+        or none ([`save_folder_atomic`]): after a kill or a full disk at any step the folder holds the old head or the
+        new one, never new weights beside an old config. Works where `save_directory` is a mount point.
 
-        The mixin writes into a temporary folder next to `save_directory`; each finished file is then moved into
-        place with `os.replace`, weights before config, so a full disk or a kill never leaves a truncated file.
+        Args:
+            save_directory (`str` or `Path`): the head folder, created if needed.
+            config ([`PacerHeadConfig`], *optional*): the config to save instead of `self.config`.
+            repo_id (`str`, *optional*): with `push_to_hub`, the Hub repo (default: the folder's name).
+            push_to_hub (`bool`): also upload the head ([`PyTorchModelHubMixin.push_to_hub`]).
+            model_card_kwargs (`dict`, *optional*): passed to [`generate_model_card`]. An existing `README.md` is never
+                replaced (it may be a card the user edited).
+            extra_files (`Mapping[str, bytes]`, *optional*): more files saved with the head in the same commit (the
+                training metrics and plot of `pacer-hf train`).
         """
         save_directory = Path(save_directory)
         config = dataclasses.replace(config or self.config, pacer_hf_version=__version__)
-        save_directory.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=save_directory.parent, prefix=f".{save_directory.name}.tmp-") as tmp:
-            super().save_pretrained(tmp, config=config.to_dict(), model_card_kwargs=model_card_kwargs)
-            save_directory.mkdir(exist_ok=True)
-            for name in (WEIGHTS_NAME, CONFIG_NAME):
-                os.replace(os.path.join(tmp, name), save_directory / name)
-            if not (save_directory / "README.md").exists():  # never overwrite a card the user edited
-                os.replace(os.path.join(tmp, "README.md"), save_directory / "README.md")
+
+        def write(staging: Path) -> None:
+            PyTorchModelHubMixin.save_pretrained(self, staging, config=config.to_dict(),
+                                                 model_card_kwargs=model_card_kwargs)
+            for name, data in (extra_files or {}).items():
+                (staging / name).write_bytes(data)
+
+        save_folder_atomic(save_directory, write, keep_existing=(CARD_NAME,))
         if push_to_hub:
             return self.push_to_hub(
                 repo_id or save_directory.name, config=config.to_dict(), model_card_kwargs=model_card_kwargs,
@@ -246,7 +280,7 @@ class PacerHead(
             `huggingface_hub.ModelCard`.
         """
         return build_model_card(
-            self.config, self.num_parameters, self._hub_mixin_info.model_card_data, card=card, repo_id=repo_id,
+            self.config, self.num_parameters(), self._hub_mixin_info.model_card_data, card=card, repo_id=repo_id,
             datasets=datasets, speedups=speedups, metrics=metrics,
         )
 
@@ -258,15 +292,12 @@ class PacerHead(
         `local_files_only`, `token`, ...) and `map_location`. Raises `ValueError` for a missing, corrupt or
         mismatching `config.json` or weights file.
         """
-        if not Path(pretrained_model_name_or_path).is_dir():
-            try:
-                validate_repo_id(str(pretrained_model_name_or_path))
-            except HFValidationError:
-                raise ValueError(
-                    f"`{pretrained_model_name_or_path}` is neither an existing local folder nor a Hub repo id "
-                    "(`org/name`). Pass the folder that `pacer-hf train` or `save_pretrained` wrote, or a Hub id."
-                ) from None
+        if Path(pretrained_model_name_or_path).is_dir():
+            recover_folder(pretrained_model_name_or_path)  # finish or discard a save a kill interrupted
+        else:
+            _check_hub_id(str(pretrained_model_name_or_path))
         try:
+            _check_config_file(str(pretrained_model_name_or_path), kwargs)
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
         except (RepositoryNotFoundError, LocalEntryNotFoundError) as exc:
             raise OSError(
@@ -336,3 +367,66 @@ class PacerHead(
                 f"head_hidden_size={config.head_hidden_size}): {exc}"
             ) from exc
         return head.to(map_location).eval()
+
+
+class NeuralHead(PacerHead):
+    """The trained PACER head: the draft's hidden state and distribution features of each drafted position, a causal
+    self-attention block over the round's positions (`"attention"`, the reference) or none (`"mlp"`), then an MLP and
+    a classifier. An untrained head predicts "accept" everywhere (see `CONTINUE_LOGIT`), so it drafts to `max_draft`
+    like fixed-length drafting. Build it with `PacerHead(config)`."""
+
+    def __init__(self, config: PacerHeadConfig):
+        super().__init__(config)
+        _check_kind(self, config, ("attention", "mlp"))
+        width = config.head_hidden_size
+        self.hidden_norm = nn.LayerNorm(config.draft_hidden_size)
+        self.hidden_proj = nn.Linear(config.draft_hidden_size, width)
+        self.feature_proj = nn.Linear(NUM_DISTRIBUTION_FEATURES, width)
+        self.position_embedding = nn.Embedding(config.max_draft, width)
+        if config.architecture == "attention":
+            self.attn_norm = nn.LayerNorm(width)
+            self.attn = _CausalSelfAttention(width, config.num_attention_heads)
+        self.mlp_norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.out_norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, 1)
+        nn.init.zeros_(self.classifier.weight)
+        nn.init.constant_(self.classifier.bias, CONTINUE_LOGIT)
+
+    @property
+    def max_positions(self) -> int:
+        """Positions of the head's position table: the most drafted tokens of a round it can score."""
+        return self.position_embedding.num_embeddings
+
+    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)  # [k]
+        x = self.hidden_proj(self.hidden_norm(hidden_states)) + self.feature_proj(features)  # [B, k, D]
+        x = x + self.position_embedding(positions)
+        if self.config.architecture == "attention":
+            x = x + self.attn(self.attn_norm(x))
+        x = x + self.mlp(self.mlp_norm(x))
+        return self.classifier(self.out_norm(x)).squeeze(-1)  # [B, k]
+
+    @property
+    def _anchor(self) -> torch.Tensor:
+        return self.classifier.bias
+
+
+class EntropyRule(PacerHead):
+    """The training-free entropy stop (AdaEDL/SVIP style) as a head with no weights: a token passes when the entropy
+    of the draft distribution it was drawn from is at most `config.entropy_threshold` nats. Build it with
+    [`PacerHead.entropy_stop`] (its drafting settings make it stop right after the first token above the
+    threshold)."""
+
+    def __init__(self, config: PacerHeadConfig):
+        super().__init__(config)
+        _check_kind(self, config, ("entropy",))
+        # Not saved (the config holds it); a buffer so that `.to()` gives the rule the head's device and dtype.
+        self.register_buffer("entropy_threshold", torch.tensor(config.entropy_threshold), persistent=False)
+
+    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return ENTROPY_LOGIT_SCALE * (self.entropy_threshold - features[..., ENTROPY_FEATURE])  # [B, k]
+
+    @property
+    def _anchor(self) -> torch.Tensor:
+        return self.entropy_threshold

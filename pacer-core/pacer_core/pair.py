@@ -1,16 +1,15 @@
-"""Whether a head, a draft and a target belong together: the one pair check of pacer-hf."""
+"""Whether a head can read a draft: the sizes its inputs must have, and the length of the rounds it can score."""
 
-from torch import nn
-
-from .config import PacerHeadConfig, model_sizes
+from typing import Any
 
 _FIX = "Load the head trained for this pair, or train one with `pacer-hf train`."
 
 
 def check_head_sizes(
-    config: PacerHeadConfig, vocab_size: int, hidden_size: int, draft_name: str, fix: str = _FIX
+    config: Any, vocab_size: int, hidden_size: int, draft_name: str, fix: str = _FIX
 ) -> None:
-    """Raises `ValueError` unless a head with `config` reads a draft of `vocab_size` and `hidden_size`."""
+    """Raises `ValueError` unless a head with `config` ([`PacerHeadConfig`]) reads a draft of `vocab_size` and
+    `hidden_size`."""
     trained_for = f" ({config.draft_name_or_path})" if config.draft_name_or_path else ""
     for what, expected, got in (("vocabulary size", config.vocab_size, vocab_size),
                                 ("hidden size", config.draft_hidden_size, hidden_size)):
@@ -21,22 +20,13 @@ def check_head_sizes(
             )
 
 
-def check_pair_compatible(config: PacerHeadConfig, draft_model: nn.Module, target_model: nn.Module) -> None:
-    """Raises `ValueError` unless a head with `config` can run on `draft_model` drafting for `target_model`."""
-    for role, model in (("assistant_model", draft_model), ("target model", target_model)):
-        if getattr(model, "config", None) is None or not hasattr(model, "get_output_embeddings"):
-            raise TypeError(f"The {role} must be a transformers `PreTrainedModel`, got {type(model).__name__}.")
-        if model.config.is_encoder_decoder:
-            raise ValueError(
-                f"pacer-hf supports decoder-only models; the {role} `{model.config._name_or_path}` is an "
-                "encoder-decoder model."
-            )
-    draft_vocab, draft_hidden = model_sizes(draft_model)
-    target_vocab = model_sizes(target_model)[0]
-    if draft_vocab != target_vocab:
+def check_max_draft(head: Any, max_draft: int, setting: str = "`pacer_max_draft`") -> None:
+    """Raises `ValueError` if rounds of `max_draft` tokens are longer than a trained head's position table: it has
+    never scored such positions (a rule has no table)."""
+    positions = getattr(head, "max_positions", None)
+    if positions is not None and max_draft > positions:
         raise ValueError(
-            f"`assistant_model` has vocabulary size {draft_vocab} but the target has {target_vocab}: pacer-hf needs "
-            "a draft and a target that share one tokenizer (padded vocabularies are not supported yet)."
+            f"{setting} is {max_draft}, but the head was trained for rounds of at most {positions} draft tokens (its "
+            f"position table): it has never scored later positions. Use at most {positions}, or train a head with "
+            f"`pacer-hf train --max-draft {max_draft}`."
         )
-    draft_name = draft_model.config._name_or_path or type(draft_model).__name__
-    check_head_sizes(config, draft_vocab, draft_hidden, f"`assistant_model` {draft_name}")

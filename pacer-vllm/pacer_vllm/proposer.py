@@ -1,7 +1,7 @@
 """`PacerDraftModelProposer`: vLLM's draft-model proposer, with a PACER head that stops each request's draft.
 
 vLLM drafts for the whole batch in lockstep, one draft forward per step (`SpecDecodeBaseProposer.propose`). After
-every full block this proposer scores each request with the stop rule pacer-hf uses ([`says_stop`]) and records the
+every full block this proposer scores each request with the stop rule pacer-hf uses ([`StopRule`]) and records the
 length at which it stopped; a request's draft is cut there, so the target verifies only what the head let through.
 The loop itself ends once every request has stopped: draft compute is saved only then, verification per request.
 
@@ -17,8 +17,7 @@ from typing_extensions import override
 from vllm.config import VllmConfig
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from pacer_core import PacerHead, PacerHeadConfig, check_head_sizes, draft_distribution_features, says_stop
-from pacer_core.config import log_threshold
+from pacer_core import PacerHead, PacerHeadConfig, StopRule, check_head_sizes, check_max_draft, draft_distribution_features
 from pacer_core.head import ENTROPY_RULE_SETTINGS
 
 # The keys of vLLM's `additional_config` this package reads. Only `pacer_head` is required.
@@ -69,7 +68,25 @@ def load_pacer_head(additional_config: dict[str, Any], vocab_size: int, hidden_s
     overrides = {field_name: additional_config[key] for key, field_name in OVERRIDE_KEYS.items()
                  if key in additional_config}
     config = PacerHeadConfig.from_dict({**head.config.to_dict(), **overrides, "max_draft": num_speculative_tokens})
+    check_max_draft(head, config.max_draft, "vLLM's `num_speculative_tokens`")
     return head.eval(), config
+
+
+def _check_one_vocabulary(speculative_config: Any) -> None:
+    """A draft whose embedding rows differ from the target's (vLLM's `use_heterogeneous_vocab`) is run only when both
+    share one tokenizer, padded differently (Qwen2.5-0.5B's 151,936 rows against Qwen2.5-7B's 152,064): the head reads
+    the draft's own distribution, which for two tokenizers would be over other tokens than the target's."""
+    from vllm.tokenizers.registry import get_tokenizer
+
+    target, draft = speculative_config.target_model_config, speculative_config.draft_model_config
+    target_vocab = get_tokenizer(target.tokenizer, trust_remote_code=target.trust_remote_code).get_vocab()
+    draft_vocab = get_tokenizer(draft.model, trust_remote_code=draft.trust_remote_code).get_vocab()
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            "pacer-vllm runs a PACER head on a draft with other embedding rows than the target only when both share "
+            "one tokenizer (a padded pair); these two tokenizers differ. Use vLLM's own proposer for this pair (drop "
+            "`pacer_head` from `additional_config`)."
+        )
 
 
 class PacerDraftModelProposer(DraftModelProposer):
@@ -83,12 +100,12 @@ class PacerDraftModelProposer(DraftModelProposer):
         if HEAD_KEY not in additional:
             return
         draft = self.speculative_config.draft_model_config
-        if self.use_heterogeneous_vocab:
-            raise ValueError("pacer-vllm needs a draft and a target that share one vocabulary.")
+        if self.use_heterogeneous_vocab:  # vLLM's switch for a draft with other embedding rows
+            _check_one_vocabulary(self.speculative_config)
         self.pacer_head, self.pacer_config = load_pacer_head(
             additional, draft.get_vocab_size(), draft.get_hidden_size(), draft.model,
             self.speculative_config.num_speculative_tokens)
-        self._pacer_log_threshold = log_threshold(self.pacer_config.threshold)
+        self.stop_rule = StopRule(self.pacer_head, self.pacer_config)
         self._round = _Round()
         self.recent_lengths: deque[list[int]] = deque(maxlen=RECENT_STEPS)  # per step: each request's draft length
 
@@ -119,13 +136,18 @@ class PacerDraftModelProposer(DraftModelProposer):
         if self.pacer_head is None:
             return super()._sample_draft_tokens(hidden_states, sampling_metadata)
         # hidden_states: [B, H], the draft's post-norm state; one lm_head call serves the token and the features.
-        logits = self.model.compute_logits(hidden_states)  # [B, V]
+        logits = self.model.compute_logits(hidden_states)  # [B, V_draft]
+        if self.use_heterogeneous_vocab:  # a padded pair: rows the target lacks are never proposed (greedy only)
+            logits = self.vocab_mapping.constrain_draft_logits(logits)
         if self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy:
             tokens, probs = self._sample_from_logits(logits, sampling_metadata)
             scores = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # the distribution q the token came from
         else:
             tokens, probs, scores = logits.argmax(dim=-1), None, logits
-        self._record(hidden_states, draft_distribution_features(scores, tokens), tokens, probs)
+        features = draft_distribution_features(scores, tokens)
+        if self.use_heterogeneous_vocab:
+            tokens = self.vocab_mapping.map_draft_to_target_ids(tokens)  # as vLLM's own proposer returns them
+        self._record(hidden_states, features, tokens, probs)
         return tokens, probs
 
     def _record(self, hidden: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor,
@@ -140,10 +162,9 @@ class PacerDraftModelProposer(DraftModelProposer):
         drafted = len(step.tokens)
         if step.lengths is None:
             step.lengths = torch.full((tokens.shape[0],), self.num_speculative_tokens, dtype=torch.long)
-        if drafted % self.pacer_config.block_size or self._pacer_log_threshold == float("-inf"):
+        if not self.stop_rule.asks_head(drafted):
             return
-        stop = says_stop(self.pacer_head, torch.stack(step.hidden, dim=1), torch.stack(step.features, dim=1),
-                         self.pacer_config).cpu()  # [B]
+        stop = self.stop_rule.says_stop(torch.stack(step.hidden, dim=1), torch.stack(step.features, dim=1)).cpu()  # [B]
         running = step.lengths == self.num_speculative_tokens
         step.lengths[stop & running] = drafted
         if drafted < self.num_speculative_tokens and bool((step.lengths < self.num_speculative_tokens).all()):

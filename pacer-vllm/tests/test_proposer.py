@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from vllm import LLM, SamplingParams
 
 from pacer_core import PacerHead, PacerHeadConfig, draft_distribution_features
-from pacer_core.stop_rule import log_pass_scores, says_stop
+from pacer_core.stop_rule import StopRule
 from pacer_vllm import load_pacer_head, recent_draft_lengths
 
 VOCAB, HIDDEN, K, BLOCK = 256, 128, 8, 2
@@ -52,7 +52,7 @@ def _median_threshold(head: PacerHead, arch: str, draft_folder: str) -> float:
         out = draft(ids, output_hidden_states=True)
         logits = out.logits[:, -BLOCK - 1:-1]  # [64, BLOCK, V]
         features = draft_distribution_features(logits, logits.argmax(-1))
-        scores = log_pass_scores(head, out.hidden_states[-1][:, -BLOCK - 1:-1], features)  # [64]
+        scores = StopRule(head, head.config).log_pass_scores(out.hidden_states[-1][:, -BLOCK - 1:-1], features)  # [64]
     return float(scores.median().exp())
 
 
@@ -127,7 +127,7 @@ def test_greedy_output_equals_vllm_without_speculation(pair, kind):
 
 def _first_round_lengths(pair: dict, threshold: float) -> list[int]:
     """Where pacer-hf's loop (`PacerCandidateGenerator._draft_blocks`) stops each prompt's first round: the draft
-    continues from the prompt and the target's first token, and `says_stop` is asked after every full block with
+    continues from the prompt and the target's first token, and the `StopRule` is asked after every full block with
     the transformers draft's post-norm hidden states and features."""
     head = PacerHead.from_pretrained(pair["head"]).eval()
     config = PacerHeadConfig.from_dict({**head.config.to_dict(), "threshold": threshold, "max_draft": K})
@@ -142,7 +142,7 @@ def _first_round_lengths(pair: dict, threshold: float) -> list[int]:
                 hidden.append(out.hidden_states[-1][:, -1])
                 features.append(draft_distribution_features(logits, token))
                 ids = torch.cat([ids, token[:, None]], dim=1)
-                if drafted % BLOCK == 0 and says_stop(head, torch.stack(hidden, 1), torch.stack(features, 1), config):
+                if drafted % BLOCK == 0 and StopRule(head, config).says_stop(torch.stack(hidden, 1), torch.stack(features, 1)):
                     length = drafted
                     break
         lengths.append(length)
@@ -175,12 +175,12 @@ def test_settings_are_checked(tmp_path):
         load_pacer_head({**good, "pacer_treshold": 0.2}, VOCAB, HIDDEN, "d", K)
     with pytest.raises(ValueError, match="`threshold` must be in"):
         load_pacer_head({**good, "pacer_threshold": 2.0}, VOCAB, HIDDEN, "d", K)
-    with pytest.raises(ValueError, match="`max_draft` must be an integer >= `block_size`"):
+    with pytest.raises(ValueError, match="`max_draft` must be >= `block_size`"):
         load_pacer_head(good, VOCAB, HIDDEN, "d", 2)  # num_speculative_tokens below the head's block size
     with pytest.raises(TypeError, match="must be a Hub id, a folder or 'entropy'"):
         load_pacer_head({"pacer_head": 3}, VOCAB, HIDDEN, "d", K)
     entropy, _ = load_pacer_head({"pacer_head": "entropy"}, VOCAB, HIDDEN, "d", K)
-    assert entropy.config.architecture == "entropy" and entropy.num_parameters == 0
+    assert entropy.config.architecture == "entropy" and entropy.num_parameters() == 0
 
 
 def test_sampling_with_probabilistic_drafts_keeps_each_requests_probability_rows(pair):
@@ -198,3 +198,42 @@ def test_sampling_with_probabilistic_drafts_keeps_each_requests_probability_rows
     assert [len(o) for o in outputs] == [40] * len(PROMPTS)
     assert outputs != pair["plain"]  # really sampled
     assert any(len(set(step)) > 1 for step in lengths if len(step) > 1)
+
+
+def _save_tokenizer(folder, size: int) -> None:
+    """A word-level tokenizer of `size` tokens ("<unk>", "t1", ...), the same for target and draft."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, size)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(folder)
+
+
+def test_a_padded_pair_runs_with_vllms_heterogeneous_vocab_and_keeps_greedy_output(tmp_path):
+    """One tokenizer, other embedding rows (as Qwen2.5-0.5B for Qwen2.5-7B): vLLM needs `use_heterogeneous_vocab`
+    for it; the head then reads the draft's distribution over the shared tokens. Two tokenizers are refused."""
+    model_cls, config_cls, kv_heads = ARCHITECTURES["qwen2"]
+    target_folder, draft_folder = _save_pair("qwen2", tmp_path)
+    draft = model_cls.from_pretrained(draft_folder)
+    draft.resize_token_embeddings(VOCAB + 16, mean_resizing=False)  # 16 padding rows the target lacks
+    draft.save_pretrained(draft_folder)
+    for folder in (target_folder, draft_folder):
+        _save_tokenizer(folder, VOCAB)
+    engine = {**ENGINE, "skip_tokenizer_init": False}
+    llm = LLM(model=target_folder, **engine)
+    plain = [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), GREEDY)]
+    _close(llm)
+    speculative = {"method": "draft_model", "model": draft_folder, "num_speculative_tokens": K,
+                   "use_heterogeneous_vocab": True}
+    llm = LLM(model=target_folder, **engine, additional_config={"pacer_head": "entropy"},
+              speculative_config=speculative)
+    outputs = [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), GREEDY)]
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    _close(llm)
+    assert outputs == plain and metrics["vllm:spec_decode_num_drafts"] > 0
+    _save_tokenizer(draft_folder, VOCAB - 8)  # another tokenizer
+    with pytest.raises(Exception, match="share one tokenizer"):
+        LLM(model=target_folder, **engine, additional_config={"pacer_head": "entropy"},
+            speculative_config=speculative)

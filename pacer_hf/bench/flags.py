@@ -1,6 +1,6 @@
 """The command-line flags the eval scripts share, each defined once with one default.
 
-Run settings default to the harness's `Pair` and cost ratios to `pacer_hf.CostModel`, so a default is never typed
+Run settings default to the harness's `Pair` and cost ratios to `pacer_hf.threshold.CostModel`, so a default is never typed
 twice. `load_models(args)` applies what the model flags ask for (threads, dtype, prepacked weights).
 """
 
@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 import torch
 
-from pacer_hf import CostModel, prepack_linear_weights
-from pacer_hf.models import load_pair as load_pinned_pair
+from pacer_hf import prepack_linear_weights
+from pacer_hf.threshold import CostModel
+from pacer_hf.models import check_device, load_pair as load_pinned_pair
 from pacer_hf.prompts import chat_input_ids
 from pacer_hf.tiny_models import tiny_pair
 
@@ -26,10 +27,12 @@ def field_default(cls: type, name: str) -> Any:
 
 
 def add_model_flags(parser: argparse.ArgumentParser, pair: str = "tiny") -> None:
-    """`--pair`, `--dtype`, `--prepack`, `--threads`: which models, and how they run."""
+    """`--pair`, `--dtype`, `--device`, `--prepack`, `--threads`: which models, and how they run."""
     parser.add_argument("--pair", default=pair, help=f"`tiny`, or a pinned pair of `pacer_hf.models.PAIRS` "
                         f"(default: {pair})")
     parser.add_argument("--dtype", default=DTYPES[0], choices=DTYPES, help=f"default: {DTYPES[0]}")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (accelerate's placement of the "
+                        "target; the draft and head go to its first device) (default: cpu)")
     parser.add_argument("--prepack", action="store_true",
                         help="run both models' linear layers on prepacked oneDNN weights (pacer_hf.prepack_linear_weights)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2, this machine's cores)")
@@ -45,7 +48,7 @@ def add_cost_flags(parser: argparse.ArgumentParser, prefix: str = "", required: 
     """`--{prefix}cost-ratio`, `--{prefix}head-cost-ratio`, `--{prefix}verify-cost-ratio`: a `CostModel`."""
     what = f"{prefix.rstrip('-')}: " if prefix else ""
     parser.add_argument(f"--{prefix}cost-ratio", type=float, required=required, default=None,
-                        help=f"{what}drafted token / round (`python -m eval.costs` measures it)")
+                        help=f"{what}drafted token / round (`python -m eval.research.costs` measures it)")
     for name, meaning in (("head", "head call"), ("verify", "verified draft token")):
         default = field_default(CostModel, name)
         parser.add_argument(f"--{prefix}{name}-cost-ratio", type=float, default=default,
@@ -62,20 +65,24 @@ def cost_model(args: argparse.Namespace, prefix: str = "") -> CostModel | None:
                      verify=getattr(args, f"{key}verify_cost_ratio"))
 
 
-def load_pair(name: str, dtype: torch.dtype):
+def load_pair(name: str, dtype: torch.dtype, device: str = "cpu"):
     """Returns `(target, draft, encode, tokenizer)` for `tiny` (no tokenizer) or a pinned pair of `pacer_hf.models`."""
     if name == "tiny":
+        check_device(device)
         target, draft = tiny_pair("qwen2", "noisy", seed=0)
+        place = "cpu" if device == "auto" else device
+        target, draft = target.to(place), draft.to(place)
         # A stand-in tokenizer for random models: characters to ids; only the token counts matter here.
-        return target, draft, lambda text: torch.tensor([[0] + [ord(c) % 94 + 2 for c in text[:32]]]), None
-    target, draft, tokenizer = load_pinned_pair(name, dtype)
-    return target, draft, lambda text: chat_input_ids(tokenizer, text), tokenizer
+        return (target, draft, lambda text: torch.tensor([[0] + [ord(c) % 94 + 2 for c in text[:32]]], device=place),
+                None)
+    target, draft, tokenizer = load_pinned_pair(name, dtype, device=device)
+    return target, draft, lambda text: chat_input_ids(tokenizer, text).to(target.device), tokenizer
 
 
 def load_models(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module, Callable, Any]:
     """`(target, draft, encode, tokenizer)` of `--pair` in `--dtype`, prepacked with `--prepack`, on `--threads`."""
     torch.set_num_threads(args.threads)
-    target, draft, encode, tokenizer = load_pair(args.pair, getattr(torch, args.dtype))
+    target, draft, encode, tokenizer = load_pair(args.pair, getattr(torch, args.dtype), args.device)
     if args.prepack:  # both models, so every method (autoregressive too) runs on the same kernels
         prepack_linear_weights(target, draft)
     return target, draft, encode, tokenizer

@@ -1,6 +1,6 @@
-"""Derives every figure from the raw records of `eval.run`: JSON summary, Markdown table, plots.
+"""Derives every figure from the raw records of `pacer-hf bench`: JSON summary, Markdown table, plots.
 
-    python -m eval.report eval/results/run.jsonl
+    python -m pacer_hf.bench.report eval/results/run.jsonl
 
 Per method and prompt set: new tokens/s (mean and median over prompts), speed-up over autoregressive decoding
 (ratio of the mean tokens/s, Spec-Bench's convention, and the median of per-prompt ratios), tokens per target call
@@ -21,7 +21,7 @@ from .quality import humaneval_pass_at_1
 def load_records(path: Path) -> tuple[dict, list[dict]]:
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines or "environment" not in lines[0]:
-        raise ValueError(f"`{path}` is not a records file written by `eval.run` (no environment line first).")
+        raise ValueError(f"`{path}` is not a records file written by `pacer-hf bench` (no environment line first).")
     return lines[0]["environment"], lines[1:]
 
 

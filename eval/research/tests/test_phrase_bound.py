@@ -1,6 +1,6 @@
-"""`eval.phrase_bound`: the replays of prompt lookup and of pacer-hf's lookup rounds are what `generate()` does, the
-draft's agreement is what greedy drafting meets, and the schedule search finds the fastest schedule (against brute
-force)."""
+"""`eval.research.phrase_bound`: the replay of prompt lookup is what `generate()` does, pacer-hf's copy rounds are
+replayed with the library's own pool and planner, the draft's agreement is what greedy drafting meets, and the schedule
+search finds the fastest schedule (against brute force)."""
 
 import itertools
 import random
@@ -8,14 +8,13 @@ import random
 import pytest
 import torch
 
-from eval.phrase_bound import (
-    POOL_REPLAY, LatestOccurrencePool, StepCosts, best_schedule, copy_available, copy_runs, draft_agrees,
-    look_up_rules, pool_lookup, prompt_lookup, replay_rounds,
+from eval.research.phrase_bound import (
+    LookupRule, PlannedCopies, PromptLookup, StepCosts, best_schedule, copy_available, copy_runs, draft_agrees,
+    look_up_rules, replay_rounds,
 )
-from pacer_hf import PacerCandidateGenerator, PhrasePool
+from pacer_hf import PhrasePool
+from pacer_hf.planner import MAX_COPY_TOKENS
 from pacer_hf.tiny_models import tiny_pair
-
-from conftest import make_head
 
 PROMPT = [0, 11, 42, 7, 23, 5, 11, 42, 9, 7, 23, 5, 30]
 
@@ -39,45 +38,35 @@ def test_prompt_lookup_replay_matches_generate(num_tokens):
         hook.remove()
     assert assisted[0, prompt.shape[1] :].tolist() == output
     fed[0] -= prompt.shape[1] - 1  # the first verify also prefills the prompt
-    replay = replay_rounds(prompt[0].tolist(), output, prompt_lookup(num_tokens, [], prompt.shape[1] + len(output)))
+    replay = replay_rounds(prompt[0].tolist(), output, PromptLookup(num_tokens, [], prompt.shape[1] + len(output)))
     assert [c + 1 for c in replay] == fed  # each verify feeds the last token and the candidates
     assert any(replay)  # the prompt's repeats give prompt lookup something to propose
 
 
-class _LiveOnlyPool(PhrasePool):
-    """The pool without stored phrases: the live sequence is all the replay knows of."""
+def test_copy_replay_sends_prefixes_of_the_pools_copy_options_and_learns():
+    prompt, output = PROMPT * 3, (PROMPT * 2)[:30]  # the output repeats the prompt: copies pay
+    costs = StepCosts(round_s=0.1, candidate_s=0.002, draft_s=0.04, draft_prefill_s=0.001)
+    rule, pool, sent = PlannedCopies(prompt, costs, len(output)), PhrasePool(), []
 
-    def add(self, context, phrase):
-        pass
+    class Checking(LookupRule):
+        def propose(self, sequence):
+            pool.extend(sequence[pool.sequence_length :]) if pool.sequence_length else pool.start_sequence(sequence)
+            candidates = rule.propose(sequence)
+            options = [o.tokens for o in pool.copy_options(sequence, MAX_COPY_TOKENS)]
+            assert not candidates or any(o[: len(candidates)] == candidates for o in options)
+            sent.append(len(candidates))
+            return candidates
 
+        def observe(self, sent_tokens, accepted):
+            rule.observe(sent_tokens, accepted)
 
-def test_pool_replay_proposes_what_the_generator_sends_in_lookup_rounds():
-    target, draft = tiny_pair("qwen2", "same", seed=2)
-    prompt = torch.tensor([PROMPT * 3])
-    sent = []
-
-    class Recording(PacerCandidateGenerator):
-        def get_candidates(self, input_ids, *args, **kwargs):
-            candidate_ids, scores = super().get_candidates(input_ids, *args, **kwargs)
-            if self.stats.draft_lengths[-1] == 0:  # a lookup round: only the tail, no draft
-                sent.append((input_ids[0].tolist(), candidate_ids[0, input_ids.shape[1] :].tolist()))
-            return candidate_ids, scores
-
-    target.generate(prompt, assistant_model=draft, pacer_head=make_head(draft), pacer_phrases=_LiveOnlyPool(),
-                    pacer_candidate_generator=Recording, max_new_tokens=40, do_sample=False)
-    assert sent  # the repeated prompt gives lookup rounds
-    tail = make_head(draft).config.phrase_tail
-    for context, candidates in sent:
-        assert pool_lookup(prompt[0].tolist(), tail)(context) == candidates
+    rounds = replay_rounds(prompt, output, Checking())
+    assert rounds == sent and sum(rounds) > 0 and len(rounds) < len(output) / 2  # copying cut the rounds
 
 
-def test_look_up_rules_include_the_shipped_rule_and_the_earlier_one():
-    rules = look_up_rules(PROMPT, len(PROMPT) + 8, eos=[], lookup_lengths=(5,))
-    assert POOL_REPLAY in rules and {"prompt-lookup-k5", "prompt-lookup-k10", "prompt-lookup-k20"} <= set(rules)
-    latest, furthest = LatestOccurrencePool(), PhrasePool()
-    for pool in (latest, furthest):
-        pool.start_sequence([5, 1, 2, 3, 7, 9, 1, 2, 3, 8])
-    assert latest.lookup([5, 1, 2, 3], 1) == ([8], 3) and furthest.lookup([5, 1, 2, 3], 1) == ([7], 4)
+def test_look_up_rules_are_prompt_lookups_lengths():
+    assert set(look_up_rules(len(PROMPT) + 8, eos=[], lookup_lengths=(5,))) == {
+        "prompt-lookup-k5", "prompt-lookup-k10", "prompt-lookup-k20"}
 
 
 def test_draft_agrees_with_its_own_greedy_output_and_not_with_another():

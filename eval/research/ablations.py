@@ -6,12 +6,12 @@ temperature). The threshold is chosen per head and mode as `pacer-hf train` choo
 fixed draft length are the references under the same cost model, with the harness's training-free entropy stop
 (no head cost). This is a model of speed, not a timing: it ranks heads without spending a benchmark run on each.
 
-    python -m eval.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.445 \
+    python -m eval.research.ablations --data DATA_DIR --runs runs/block1 runs/block2 ... --cost-ratio 0.445 \
         --head-cost-ratio 0.0063 --sampling-cost-ratio 0.558 --sampling-head-cost-ratio 0.0103 \
         --out eval/results/ablations-qwen-bf16
 
 A sampled draft token costs more than a greedy one (softmax and a draw over the vocabulary), so each mode is scored
-under its own costs (`python -m eval.costs` measures both inside generate()).
+under its own costs (`python -m eval.research.costs` measures both inside generate()).
 """
 
 import argparse
@@ -20,11 +20,14 @@ import json
 from pathlib import Path
 
 from pacer_core.head import ENTROPY_RULE_SETTINGS
-from pacer_hf import CostModel, PacerHead, TrainingConfig, load_collection
+from pacer_hf import PacerHead
+from pacer_hf.collection import load_collection
+from pacer_hf.threshold import CostModel
+from pacer_hf.training import TrainingConfig
 from pacer_hf.rounds import evaluate_head, head_metrics
 from pacer_hf.training import RUN_NAME, split_sequences
 
-from .flags import add_cost_flags, cost_model
+from pacer_hf.bench.flags import add_cost_flags, cost_model
 
 MODES = ("greedy", "sampling")
 
@@ -36,7 +39,7 @@ def score_head(
     train_sequences, val_sequences = split
     row = {
         "run": name, "architecture": head.config.architecture, "block_size": head.config.block_size,
-        "trained_on": head.config.decoding, "parameters": head.num_parameters, "val_sequences": len(val_sequences),
+        "trained_on": head.config.decoding, "parameters": head.num_parameters(), "val_sequences": len(val_sequences),
         "train_auc": head_metrics(head, collection, train_sequences, decoding="greedy")["auc"],
     }
     for mode in MODES:

@@ -5,7 +5,7 @@ Compares, in one process, interleaved prompt by prompt in rotating order, transf
 `PacerCandidateGenerator` drafting with an untrained head (which always passes) and `max_draft = k`. Both produce the
 same rounds and the same greedy tokens, so the time ratio is pure overhead (or saving) of our draft loop and head.
 
-    OMP_WAIT_POLICY=PASSIVE python -m eval.overhead --pair qwen2.5-coder --dtype bfloat16 --out eval/results/overhead
+    OMP_WAIT_POLICY=PASSIVE python -m eval.research.overhead --pair qwen2.5-coder --dtype bfloat16 --out eval/results/overhead
 
 Writes `<out>.json` (every record + environment), `<out>.md` (table) and `<out>.png` (per-prompt ratios).
 """
@@ -24,8 +24,8 @@ import transformers
 import pacer_hf
 from pacer_hf import PacerHead, PacerHeadConfig
 
-from .flags import add_generation_flags, add_model_flags, load_models
-from .methods import Pair, fixed, pacer
+from pacer_hf.bench.flags import add_generation_flags, add_model_flags, load_models
+from pacer_hf.bench.methods import Pair, fixed, pacer
 
 PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

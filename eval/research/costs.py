@@ -1,12 +1,12 @@
 """What a forward costs for each model of a pair on this machine: the numbers that decide whether drafting pays.
 
-    OMP_WAIT_POLICY=PASSIVE python -m eval.costs --pair qwen2.5-coder --dtype bfloat16 --out eval/results/costs-qwen-bf16
+    OMP_WAIT_POLICY=PASSIVE python -m eval.research.costs --pair qwen2.5-coder --dtype bfloat16 --out eval/results/costs-qwen-bf16
 
 Reports load time and peak memory, autoregressive tokens/s of each model alone, the median time of a k-token
 forward on a KV cache of 200 tokens (k = 1..9), the cost ratio c = draft forward / target forward at 1 token, and
 the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). Then, with both models loaded,
 the costs as `pacer-hf train` measures them to pick a threshold, inside generate() for greedy and for sampling
-(`pacer_hf.measure_cost_model`: a drafted token and a head call, in rounds). JSON + Markdown table.
+(`pacer_hf.cost_measurement.measure_cost_model`: a drafted token and a head call, in rounds). JSON + Markdown table.
 """
 
 import argparse
@@ -22,12 +22,13 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from pacer_hf import PacerHead, PacerHeadConfig, measure_cost_model, prepack_linear_weights
+from pacer_hf import PacerHead, PacerHeadConfig, prepack_linear_weights
+from pacer_hf.cost_measurement import measure_cost_model
 from pacer_hf.models import PAIRS, load_model, load_pair
 from pacer_hf.prompts import chat_input_ids
 from pacer_hf.cost_measurement import BENCHMARK_CONTEXT
 
-from .flags import add_model_flags
+from pacer_hf.bench.flags import add_model_flags
 
 # A typical code request: the autoregressive timing needs a realistic prompt, not random ids.
 PROMPT_FOR_TIMING = "Write a Python function that returns the n-th prime number, with a docstring."

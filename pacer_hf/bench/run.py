@@ -1,11 +1,11 @@
 """Runs every method on the same prompts, interleaved, in one process, and writes raw per-prompt records.
 
-    OMP_WAIT_POLICY=PASSIVE python -m eval.run --pair qwen2.5-coder --dtype bfloat16 \\
+    OMP_WAIT_POLICY=PASSIVE pacer-hf bench --pair qwen2.5-coder --dtype bfloat16 \\
         --prompts humaneval:0:20 sharegpt:0:20 --max-new-tokens 128 --head hub_cards/<head> --out eval/results/run
 
 For each prompt the methods run in a rotating order (so no method always runs first, after the same one, or on a
 warmer cache); one short warm-up generation per method is excluded. `<out>.jsonl` gets one line per (prompt,
-method), then `eval.report` derives every figure from those records alone. An interrupted run continues with the
+method), then `pacer_hf.bench.report` derives every figure from those records alone. An interrupted run continues with the
 same command and `--resume` (which may also add prompts); the records keep when each sitting started.
 """
 
@@ -36,6 +36,15 @@ def _head_settings(head: PacerHead) -> dict:
     return {k: v for k, v in head.config.to_dict().items() if k != "pacer_hf_version"}
 
 
+def _cpu_flags() -> list[str]:
+    """The CPU's vector and matrix extensions that decide its bfloat16 and float32 speed (Linux; empty elsewhere)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni", "avx_ne_convert"))
+
+
 def environment(args: argparse.Namespace, head: PacerHead | None = None,
                 other_heads: dict[str, PacerHead] | None = None) -> dict:
     return {
@@ -53,6 +62,9 @@ def environment(args: argparse.Namespace, head: PacerHead | None = None,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         # Only when set, so that records from before the option still resume.
         **({"prepack_linear_weights": True} if args.prepack else {}),
+        **({"device": args.device, "gpu": torch.cuda.get_device_name(args.device if args.device != "auto" else 0)}
+           if args.device != "cpu" and torch.cuda.is_available() else {}),
+        "cpu_flags": _cpu_flags(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 

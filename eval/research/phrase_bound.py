@@ -2,11 +2,11 @@
 and how fast look-up rules alone do: an upper bound on phrase drafting and a replay of look-up rules, set against
 transformers' prompt lookup and priced by a run's own timings.
 
-    python -m eval.phrase_bound eval/results/phrases-qwen-bf16-prepack-v2.jsonl \
+    python -m eval.research.phrase_bound eval/results/phrases-qwen-bf16-prepack-v2.jsonl \
         --out eval/results/phrase-bound-qwen-bf16-prepack-v2
-    python -m eval.phrase_bound TUNING.jsonl --costs-from eval/results/phrases-qwen-bf16-prepack-v2.jsonl ...
+    python -m eval.research.phrase_bound TUNING.jsonl --costs-from eval/results/phrases-qwen-bf16-prepack-v2.jsonl ...
 
-Reads a greedy run of `eval.run` (its pair, dtype and prompts come from the records' environment, so the prompts'
+Reads a greedy run of `pacer-hf bench` (its pair, dtype and prompts come from the records' environment, so the prompts'
 paths must still resolve) and, per prompt, the autoregressive output y: greedy verification accepts a candidate
 token exactly where it equals y's token. Then:
 - **What each source can offer.** One teacher-forced draft forward over prompt + y says where the draft's greedy
@@ -19,9 +19,9 @@ token exactly where it equals y's token. Then:
   (drafted plus phrase tokens) and, for prompt lookup, from replaying transformers' own
   `PromptLookupCandidateGenerator` on y. The check of the fit: prompt lookup priced by a fit that left it out.
   `--costs-from` prices another run's prompts (e.g. tuning prompts decoded autoregressively only) with these costs.
-- **Look-up rules alone, replayed** on y and priced the same way: prompt lookup, and pacer-hf's lookup rounds (its
-  `PhrasePool` on the live sequence, matched on 2 or more tokens, no draft) as shipped and in variants, so that a
-  rule can be chosen on tuning prompts before anyone benchmarks it.
+- **Look-up rules alone, replayed** on y and priced the same way: prompt lookup, and pacer-hf's copy rounds (its
+  `PhrasePool`'s copy options on the live sequence, their length chosen by its `RoundPlanner` under the fitted costs,
+  no draft), so that a rule can be judged on tuning prompts before anyone benchmarks it.
 - **The fastest schedules**, by dynamic programming over rounds whose candidates are all accepted, each candidate a
   copy (free) or the draft's (one draft forward each; the draft's prefill once if it drafts at all), at most
   `MAX_CANDIDATES` a round (as many as prompt lookup k20 verifies):
@@ -47,22 +47,21 @@ import torch
 from tqdm.auto import tqdm
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from pacer_hf import PacerHeadConfig, PhrasePool
-from pacer_hf.candidate_generator import LOOKUP_ROUND_KEY_LENGTH, TAIL_TOKENS_PER_MATCHED_TOKEN, tail_length
+from pacer_hf import PhrasePool
+from pacer_hf.bench.report import finished_prompts, load_records
 from pacer_hf.models import PAIRS, load_model
+from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner
 from pacer_hf.prompts import chat_input_ids, load_prompt_set
-
-from .flags import field_default
-from .report import finished_prompts, load_records
 
 # The oracles' rounds hold at most prompt-lookup-k20's candidates: verifies that long are in every run's records, so
 # their fitted price is an interpolation, not an extrapolation.
 MAX_CANDIDATES = 20
 ORACLES = ("oracle-one-phrase", "oracle-copy", "oracle-draft+copy", "oracle-free-draft+copy")
 PROMPT_LOOKUP_LENGTHS = (10, 20)
-# pacer-hf's rule as shipped: the furthest-matching occurrence, the default tail, cut by match length.
-POOL_REPLAY = (f"pool: furthest occurrence, tail {field_default(PacerHeadConfig, 'phrase_tail')}, "
-               f"{TAIL_TOKENS_PER_MATCHED_TOKEN} per matched token")
+# pacer-hf's copy rounds as shipped: the pool's copy options, sent as far as the planner finds worth.
+POOL_REPLAY = "pacer-hf copy rounds (planner)"
+# Pseudo-rounds that pin a replayed planner's costs to a run's fitted ones (the planner would otherwise learn them).
+PINNED_COST_ROUNDS = 1000
 
 
 @dataclass
@@ -116,74 +115,78 @@ def copy_runs(prompt: list[int], output: list[int]) -> list[int]:
     return runs
 
 
-def replay_rounds(prompt: list[int], output: list[int], propose: Callable[[list[int]], list[int]]) -> list[int]:
-    """The candidates of each round when a look-up rule decodes `output` greedily: `propose(sequence so far)` gives
-    a round's candidates, the target accepts them as far as they equal `output`, then adds its own token."""
+class LookupRule:
+    """A look-up rule to replay: `propose(sequence so far)` gives a round's candidates; `observe(sent, accepted)` is
+    told how the round went (a rule that learns, as pacer-hf's planner does, reads it)."""
+
+    def propose(self, sequence: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def observe(self, sent: int, accepted: int) -> None:
+        pass
+
+
+def replay_rounds(prompt: list[int], output: list[int], rule: LookupRule) -> list[int]:
+    """The candidates of each round when a look-up rule decodes `output` greedily: the target accepts a round's
+    candidates as far as they equal `output`, then adds its own token."""
     sequence, rounds, t = prompt + output, [], 0
     while t < len(output):
-        candidates = propose(sequence[: len(prompt) + t])
+        candidates = rule.propose(sequence[: len(prompt) + t])
         # As `_assisted_decoding`: at most the tokens left but one, which the target adds itself.
         room, accepted = min(len(candidates), len(output) - t - 1), 0
         while accepted < room and candidates[accepted] == output[t + accepted]:
             accepted += 1
+        rule.observe(len(candidates), accepted)
         rounds.append(len(candidates))
         t += accepted + 1
     return rounds
 
 
-def prompt_lookup(num_tokens: int, eos: list[int], max_length: int) -> Callable[[list[int]], list[int]]:
+class PromptLookup(LookupRule):
     """transformers' prompt lookup (`prompt_lookup_num_tokens=num_tokens`): its own candidate generator."""
-    generator = PromptLookupCandidateGenerator(
-        eos_token_id=torch.tensor(eos) if eos else None, num_output_tokens=num_tokens, max_length=max_length
-    )
 
-    def propose(sequence: list[int]) -> list[int]:
+    def __init__(self, num_tokens: int, eos: list[int], max_length: int):
+        self.generator = PromptLookupCandidateGenerator(
+            eos_token_id=torch.tensor(eos) if eos else None, num_output_tokens=num_tokens, max_length=max_length
+        )
+
+    def propose(self, sequence: list[int]) -> list[int]:
         ids = torch.tensor([sequence])
-        return generator.get_candidates(ids)[0][0, ids.shape[1] :].tolist()
-
-    return propose
+        return self.generator.get_candidates(ids)[0][0, ids.shape[1] :].tolist()
 
 
-def pool_lookup(prompt: list[int], tail: int, pool: PhrasePool | None = None,
-                cut: bool = True) -> Callable[[list[int]], list[int]]:
-    """pacer-hf's lookup rounds alone: a phrase of the pool (its live sequence only: what the target's rejected
-    branches would add is not known offline) matched on `LOOKUP_ROUND_KEY_LENGTH` or more tokens, at most `tail`
-    tokens and, with `cut`, cut as the generator cuts a tail (`tail_length`); else no candidates."""
-    pool = pool if pool is not None else PhrasePool()
-    pool.start_sequence(prompt)
+class PlannedCopies(LookupRule):
+    """pacer-hf's copy rounds alone: the pool's copy options on the live sequence (what the target's rejected
+    branches would add is not known offline), chosen and cut by the library's `RoundPlanner` under `costs` (seconds
+    of a target call and per candidate), learning acceptance as the generator does; no draft."""
 
-    def propose(sequence: list[int]) -> list[int]:
-        pool.extend(sequence[pool.sequence_length :])
-        phrase, match_length = pool.lookup(sequence, tail)
-        if match_length < LOOKUP_ROUND_KEY_LENGTH:
-            return []
-        return phrase[: tail_length(match_length, tail)] if cut else phrase
+    def __init__(self, prompt: list[int], costs: "StepCosts", max_new_tokens: int):
+        self.pool = PhrasePool()
+        self.pool.start_sequence(prompt)
+        call_costs = CallCosts()
+        for _ in range(PINNED_COST_ROUNDS):  # a round's cost as the run's fit prices it, whatever its length
+            for n in (0, 1, MAX_CANDIDATES):
+                call_costs.observe_round(n, costs.round_s + n * costs.candidate_s)
+        self.planner = RoundPlanner(call_costs, max_new_tokens)
+        self._plan = None
 
-    return propose
+    def propose(self, sequence: list[int]) -> list[int]:
+        self.pool.extend(sequence[self.pool.sequence_length :])
+        self._plan = self.planner.plan(self.pool.copy_options(sequence, MAX_COPY_TOKENS), MAX_COPY_TOKENS, 0, 0, False)
+        return list(self._plan.copy.tokens[: self._plan.length]) if self._plan.kind == "copy" else []
+
+    def observe(self, sent: int, accepted: int) -> None:
+        plan, costs = self._plan, self.planner.costs
+        if plan.kind == "copy":
+            self.planner.copies.observe(plan.copy.source, plan.copy.match_length, sent, accepted)
+        self.planner.observe_round(accepted + 1, costs.target(sent))
 
 
-class LatestOccurrencePool(PhrasePool):
-    """The pool's earlier rule, for comparison: a key's latest occurrence, however far back it matches."""
-
-    def _furthest_match(self, starts: list[int], context, key_length: int) -> tuple[int, int]:
-        return starts[-1], key_length
-
-
-def look_up_rules(prompt: list[int], max_length: int, eos: list[int],
-                  lookup_lengths: tuple[int, ...] = ()) -> dict[str, Callable[[list[int]], list[int]]]:
-    """The look-up rules to replay: transformers' prompt lookup (`PROMPT_LOOKUP_LENGTHS` and `lookup_lengths`), and
-    pacer-hf's lookup rounds with the current rule (`POOL_REPLAY`) and its variants (which occurrence, the tail's
-    cap, the cut by match length)."""
-    rules = {f"prompt-lookup-k{k}": prompt_lookup(k, eos, max_length)
-             for k in sorted({*PROMPT_LOOKUP_LENGTHS, *lookup_lengths})}
-    for which, pool in (("latest", LatestOccurrencePool), ("furthest", PhrasePool)):
-        for tail in (16, 32):
-            for cut in (False, True):
-                name = (f"pool: {which} occurrence, tail {tail}"
-                        + (f", {TAIL_TOKENS_PER_MATCHED_TOKEN} per matched token" if cut else ""))
-                rules[name] = pool_lookup(prompt, tail, pool(), cut)
-    assert POOL_REPLAY in rules
-    return rules
+def look_up_rules(max_length: int, eos: list[int], lookup_lengths: tuple[int, ...] = ()) -> dict[str, LookupRule]:
+    """transformers' prompt lookup at `PROMPT_LOOKUP_LENGTHS` and `lookup_lengths`: the rules whose replay prices the
+    run's own prompt-lookup records (pacer-hf's copy rounds need the fitted costs: [`PlannedCopies`])."""
+    return {f"prompt-lookup-k{k}": PromptLookup(k, eos, max_length)
+            for k in sorted({*PROMPT_LOOKUP_LENGTHS, *lookup_lengths})}
 
 
 def best_schedule(agrees: list[bool], copies: list[bool], costs: StepCosts, prompt_tokens: int,
@@ -235,7 +238,9 @@ def _candidates(record: dict, replayed: dict[str, list[int]]) -> int:
     if record["method"] in replayed:
         return sum(replayed[record["method"]])
     phrases = record.get("phrases") or {}
-    return sum(record["draft_lengths"]) + phrases.get("confirmed", 0) + phrases.get("tail_offered", 0)
+    # records before the planner counted copied tokens as `tail_offered`
+    copied = phrases.get("copied", phrases.get("tail_offered", 0))
+    return sum(record["draft_lengths"]) + phrases.get("confirmed", 0) + copied
 
 
 def fit_costs(rows: list[dict], leave_out: str | None = None) -> tuple[dict[str, StepCosts], dict[tuple, float]]:
@@ -296,8 +301,9 @@ def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
         for row in (row for row in rows if row["set"] == set_name):
             key, n = (set_name, row["prompt_id"]), len(row["output"])
             predicted = {"autoregressive": prefill[key] + c.round_s * n}
-            predicted.update({name: predict(c, prefill[key], len(rounds), sum(rounds))
-                              for name, rounds in row["rules"].items()})
+            rules = {**row["rules"], POOL_REPLAY: replay_rounds(
+                row["prompt"], row["output"], PlannedCopies(row["prompt"], c, len(row["output"])))}
+            predicted.update({name: predict(c, prefill[key], len(rounds), sum(rounds)) for name, rounds in rules.items()})
             checks = {m: predict(held[0][set_name], held[1][key], len(row["rules"][m]), sum(row["rules"][m]))
                       for m, held in held_out.items()}
             schedules = {}
@@ -319,7 +325,7 @@ def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
 
 
 def _speedup(prompts: list[dict], seconds, base) -> float:
-    """Ratio of mean tokens/s to that of `base` (autoregressive decoding), as `eval.report` computes speed-ups."""
+    """Ratio of mean tokens/s to that of `base` (autoregressive decoding), as `pacer_hf.bench.report` computes speed-ups."""
     rate = statistics.mean(p["new_tokens"] / seconds(p) for p in prompts)
     return rate / statistics.mean(p["new_tokens"] / base(p) for p in prompts)
 
@@ -384,7 +390,7 @@ def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | Non
             "output": output,
             "records": by_prompt[key], "draft_methods": draft_methods & set(by_prompt[key]),
             "rules": {name: replay_rounds(ids, output, rule)
-                      for name, rule in look_up_rules(ids, len(ids) + len(output), eos, lookup_lengths).items()},
+                      for name, rule in look_up_rules(len(ids) + len(output), eos, lookup_lengths).items()},
         })
         if sources:
             rows[-1].update(agrees=draft_agrees(draft, ids, output), copies=copy_available(ids, output),
@@ -399,7 +405,7 @@ def write(result: dict, out: Path, records: Path, costs_from: Path | None) -> No
         encoding="utf-8")
     priced = f"the costs fitted to `{costs_from or records}`"
     lines = [
-        f"`python -m eval.phrase_bound {records}" + (f" --costs-from {costs_from}" if costs_from else "") + "`: "
+        f"`python -m eval.research.phrase_bound {records}" + (f" --costs-from {costs_from}" if costs_from else "") + "`: "
         f"predicted speed-ups over predicted autoregressive decoding, every schedule priced by {priced}; measured "
         "ones (where the run has them) over the measured. Ratios are to the best prompt lookup, predicted.",
         "",
@@ -447,7 +453,7 @@ def _fmt(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("records", type=Path, help="a greedy `eval.run` records file with autoregressive records")
+    parser.add_argument("records", type=Path, help="a greedy `pacer-hf bench` records file with autoregressive records")
     parser.add_argument("--costs-from", type=Path, default=None,
                         help="price schedules with the costs fitted to this run instead (e.g. to replay tuning prompts "
                         "decoded autoregressively only, for the machine of a full run)")

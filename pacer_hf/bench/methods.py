@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 
 from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PacerStats
+from pacer_hf.models import synchronize
 
 @dataclass
 class RunRecord:
@@ -34,7 +35,8 @@ class RunRecord:
         head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
             `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
         phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
-            confirmed by the draft, tail tokens offered and accepted); `None` without phrases.
+            confirmed by the draft, tokens copied without it and accepted, rounds of each kind); `None` without
+            phrases.
         stats (`PacerStats`, *optional*): the whole statistics of a pacer-hf call; not written to the records.
     """
 
@@ -146,8 +148,10 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
     log = log if log is not None else _ForwardLog(pair.target, pair.draft)
     stats = generate_kwargs.setdefault("pacer_stats", PacerStats()) if "pacer_head" in generate_kwargs else None
     try:
+        synchronize(pair.target.device)
         start = time.perf_counter()
         out = pair.target.generate(ids, **pair.generation_kwargs(), **generate_kwargs)
+        synchronize(pair.target.device)  # an accelerator's queued work belongs to this method's time
         wall = time.perf_counter() - start
     finally:
         log.remove()
@@ -161,7 +165,8 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         head_s=stats.head_time_s if stats is not None else None,
         phrases={
             "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,
-            "tail_offered": sum(stats.tail_lengths), "tail_accepted": stats.tail_tokens_accepted,
+            "copied": sum(stats.copied_lengths), "copied_accepted": stats.copied_tokens_accepted,
+            "round_kinds": stats.round_kinds,
         } if generate_kwargs.get("pacer_phrases") else None,
         stats=stats,
     )
@@ -222,9 +227,16 @@ def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
 
 
 def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
-    """The training-free entropy stop, `PacerHead.entropy_stop`, in pacer-hf's draft loop."""
+    """The training-free entropy stop, `PacerHead.entropy_stop`, in pacer-hf's draft loop (the paper's round)."""
     head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
     return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head)
+
+
+def entropy_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
+    """The entropy stop with planned rounds (`pacer_phrases=True`, a fresh pool per prompt): each round copies, drafts
+    or steps, as the round planner finds faster. The README's recommended call."""
+    head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
+    return _timed(pair, "entropy+phrases", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True)
 
 
 def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecord]:
@@ -290,7 +302,7 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
     def _max_new_tokens(self, input_ids: torch.Tensor, model_kwargs: dict | None = None, **kwargs) -> int:
         if self.do_sample:
             raise ValueError("The oracle stop is defined for greedy decoding only.")
-        cap = super()._max_new_tokens(input_ids)
+        cap = min(super()._max_new_tokens(input_ids), self.main_model_max_length - input_ids.shape[1] - 1)
         if cap <= 0:
             return 0
         start = time.perf_counter()
@@ -301,7 +313,7 @@ class OracleCandidateGenerator(PacerCandidateGenerator):
 
     def _probe_accepted_length(self, input_ids: torch.Tensor, cap: int, model_kwargs: dict) -> int:
         """Drafts `cap` tokens and lets the target judge them, then rolls both caches back."""
-        tokens, _, _ = self._draft_blocks(input_ids, cap)  # block_size = max_draft: no head call
+        tokens = self._draft_blocks(input_ids, cap).tokens  # block_size = max_draft: no head call
         sequence = torch.cat([input_ids, tokens], dim=-1)  # [1, L + k]
         cache = model_kwargs["past_key_values"]
         num_cached = cache.get_seq_length()
@@ -335,6 +347,7 @@ def registry(pair: Pair) -> dict[str, Callable[[Pair, torch.Tensor], RunRecord]]
     methods.update({"heuristic": heuristic, "confidence": confidence})
     methods.update({f"prompt-lookup-k{n}": prompt_lookup(n) for n in pair.prompt_lookup_lengths})
     methods["entropy"] = entropy
+    methods["entropy+phrases"] = entropy_phrases
     if pair.head is not None:
         methods["pacer"] = pacer
         methods["pacer+phrases"] = pacer_phrases

@@ -1,7 +1,7 @@
-"""Where the time goes, from the raw records of one `eval.run`: per round, per draft token, and what separates each
+"""Where the time goes, from the raw records of one `pacer-hf bench`: per round, per draft token, and what separates each
 method from the oracle stop.
 
-    python -m eval.breakdown eval/results/run.jsonl
+    python -m eval.research.breakdown eval/results/run.jsonl
 
 Per prompt set, one least-squares fit over every (prompt, method) record of the speculative methods of the run:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import finished_prompts, load_records
+from pacer_hf.bench.report import finished_prompts, load_records
 
 
 def fit(records: list[dict]) -> dict:
@@ -100,7 +100,7 @@ def breakdown(environment: dict, records: list[dict]) -> dict:
 def markdown_table(result: dict) -> str:
     env = result["environment"]
     lines = [f"Time breakdown, pair `{env['pair']}`, {env['dtype']}, {env['mode']}, {env['max_new_tokens']} new tokens, "
-             f"{env['threads']} threads (seconds per prompt, mean over prompts; `python -m eval.breakdown`)", ""]
+             f"{env['threads']} threads (seconds per prompt, mean over prompts; `python -m eval.research.breakdown`)", ""]
     for set_name, entry in result["sets"].items():
         model = entry["model"]
         lines += [

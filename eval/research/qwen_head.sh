@@ -40,7 +40,7 @@ attention-block2 --block-size 2
 attention-block4 --block-size 4
 mlp-block1 --architecture mlp --block-size 1
 RUNS
-python -m eval.ablations --data "$DATA" "${COST[@]}" --out eval/results/ablations-qwen-bf16 \
+python -m eval.research.ablations --data "$DATA" "${COST[@]}" --out eval/results/ablations-qwen-bf16 \
     --sampling-cost-ratio "$(cost attention-block1-sampling draft)" \
     --sampling-head-cost-ratio "$(cost attention-block1-sampling head)" \
     --runs "$RUNS/attention-block1" "$RUNS/attention-block2" "$RUNS/attention-block4" "$RUNS/mlp-block1" \

@@ -1,9 +1,9 @@
 """Chooses the entropy-stop threshold on a tuning split, disjoint from the evaluation prompts.
 
-    OMP_WAIT_POLICY=PASSIVE python -m eval.tune_entropy --pair qwen2.5-coder --prompts humaneval:140:4 sharegpt:500:4
+    OMP_WAIT_POLICY=PASSIVE python -m eval.research.tune_entropy --pair qwen2.5-coder --prompts humaneval:140:4 sharegpt:500:4
 
 Runs the `entropy` method for each candidate threshold on the same prompts (thresholds interleaved, rotating
-order) and prints the one with the highest mean tokens/s; pass it to `eval.run --entropy-threshold`.
+order) and prints the one with the highest mean tokens/s; pass it to `pacer-hf bench --entropy-threshold`.
 """
 
 import argparse
@@ -14,8 +14,8 @@ import statistics
 
 from pacer_hf.prompts import load_prompt_set
 
-from .flags import add_generation_flags, add_model_flags, load_models
-from .methods import Pair, entropy
+from pacer_hf.bench.flags import add_generation_flags, add_model_flags, load_models
+from pacer_hf.bench.methods import Pair, entropy
 
 
 def main() -> None:

@@ -3,9 +3,10 @@
 import numpy as np
 import torch
 
-from eval.headroom import HISTORY_PRIOR, HISTORY_WINDOW, L2_GRID, ScoredSequence, acceptance_history, best_threshold
-from eval.headroom import fit_stack, round_start_state, runner_up_margin, score
-from pacer_hf import CostModel, PacerHeadConfig
+from eval.research.headroom import HISTORY_PRIOR, HISTORY_WINDOW, L2_GRID, ScoredSequence, acceptance_history, best_threshold
+from eval.research.headroom import fit_stack, round_start_state, runner_up_margin, score
+from pacer_hf import PacerHeadConfig
+from pacer_hf.threshold import CostModel
 
 
 def test_acceptance_history_reads_only_earlier_positions_of_its_window():

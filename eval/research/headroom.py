@@ -20,7 +20,7 @@ verification has run yet). The `head, recalibrated` row stacks nothing (it only 
 candidate is worth building into the head only by what it adds over that row. Every range must hold prompts the
 head was not trained on.
 
-    python -m eval.headroom --data runs/qwen-bf16-data-v2 --head hub_cards/pacer-qwen2.5-coder-0.5b-to-1.5b \
+    python -m eval.research.headroom --data runs/qwen-bf16-data-v2 --head hub_cards/pacer-qwen2.5-coder-0.5b-to-1.5b \
         --draft qwen2.5-coder-0.5b-instruct --fit-prompts 0:48 --eval-prompts sharegpt=48:80 qa=80:120 \
         --cost-ratio 0.394 --head-cost-ratio 0.0063 --out eval/results/headroom-qwen-target
 """
@@ -34,12 +34,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pacer_hf import CostModel, PacerHead, PacerHeadConfig, load_collection
+from pacer_hf import PacerHead, PacerHeadConfig
+from pacer_hf.collection import load_collection
+from pacer_hf.threshold import CostModel
 from pacer_hf.models import load_model
 from pacer_hf.rounds import RoundBatcher, calibration_metrics, round_starts, window_logprobs
 from pacer_hf.threshold import ThresholdReport, choose_threshold
 
-from .flags import add_cost_flags, cost_model
+from pacer_hf.bench.flags import add_cost_flags, cost_model
 
 HISTORY_WINDOW = 32
 HISTORY_PRIOR = (0.9, 4.0)  # (rate, pseudo-count): the first rounds of a sequence read mostly the prior

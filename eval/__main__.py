@@ -1,5 +1,0 @@
-"""`python -m eval ...` is `pacer-hf bench ...`."""
-
-from .run import main
-
-main()

@@ -1,0 +1,357 @@
+"""`RoundPlanner`: what each round sends, chosen by expected new tokens per second under this call's measured costs.
+
+A round can send
+- a **copy**: tokens read from the sequence (or a stored phrase) after the context's match, without the draft, as
+  transformers' prompt lookup does;
+- the **draft**, stopped by the head (with phrase confirmation), optionally followed by a copied **tail**;
+- nothing: a plain **step** of the target.
+
+Each option's value is its expected new tokens (1 for the target's own token plus the expected accepted candidates)
+per expected second, and the planner picks the best. Candidate length follows the same rule: a copied token i is sent
+only while its probability of being accepted, P(all before it accepted and it), is worth its verification time at the
+call's current rate: P_i >= rate * seconds per candidate token.
+
+Its inputs are this call's own history, never this round's verification, so every round's length stays a stopping
+time and the output stays exactly the target's:
+- costs ([`CallCosts`]): seconds of a plain target step, of a target call that verifies n candidates, of a draft
+  forward that feeds n tokens (small n, and the per-token rate of long catch-ups), fitted online from timed rounds on
+  top of priors, and remembered for the pair across the calls of a process ([`costs_for`]);
+- acceptance ([`CopyAcceptance`], [`DraftAcceptance`]): how copies of each source and match length, and the draft's
+  recent rounds (tokens, seconds, acceptance), fared so far in this call.
+
+Verification is priced apart from a plain step because machines differ there most: on a GPU, or a CPU with bfloat16
+matrix units, verifying a few candidates costs about one step; on a CPU without them it costs about two.
+
+The draft is lazy: it starts only when a round is worth drafting and the gain over the rest of the call repays the
+forward that catches its cache up (the whole prompt the first time).
+"""
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .phrases import Phrase
+
+# Priors in units of one plain target step, scaled to seconds by the first timed round. Measured on 2-core CPUs with
+# Qwen2.5-Coder 0.5B -> 1.5B (eval/results/costs-*): a draft forward costs 0.2-0.55 of a step, each token a long
+# catch-up forward feeds about 1%; verification of n candidates 1.0-2.1 steps for a few, +2.5% per candidate.
+PRIOR_STEP_S = 0.1  # seconds, until the first round is timed
+PRIOR_VERIFY_BASE = 1.0
+PRIOR_VERIFY_PER_TOKEN = 0.025
+PRIOR_DRAFT = 0.4
+PRIOR_DRAFT_PER_TOKEN = 0.1  # per extra token of a short forward (phrase confirmation feeds a few)
+PRIOR_FEED_PER_TOKEN = 0.01  # per token of a long catch-up forward
+# A forward that feeds more tokens than this is a catch-up, priced per token.
+SHORT_FORWARD = 16
+# Weight of a prior, in observations; and the forgetting of old observations per new one (a shared machine's speed
+# drifts, and the text's character changes within a call).
+PRIOR_WEIGHT = 2.0
+DECAY = 0.97
+# Acceptance priors, per look-up and by how many context tokens matched where the copy came from (the longer the
+# match, the likelier the text keeps copying): the probability that a copy's first token is accepted, and that each
+# next one is once the first was (a copy that starts right tends to go on). The median over nine kinds of text
+# (tuning prompts of summaries, rag, qa, translation, math, writing, extraction, code, chat), decoded in rounds by
+# `python -m eval.research.copy_priors` (eval/results/copy-priors-tuning.md), made monotone in the match length: the
+# median, not the pooled rate, which the texts that copy most would set, and for the next tokens below even that
+# (on open text a copy that starts right mostly stops after a token or two; where text is copied, one accepted copy
+# teaches a call tens of next tokens). Their weight, in copies (first tokens) or tokens (next ones), is small: the
+# call's own copies, pooled over every look-up and match length, soon outweigh them.
+MATCH_BUCKETS = (1, 2, 3, 5, 9, 17)  # a match of at least this many tokens
+COPY_PRIOR = {
+    "sequence": ((0.34, 0.50), (0.45, 0.60), (0.55, 0.70), (0.60, 0.80), (0.75, 0.88), (0.90, 0.95)),
+    "earliest": ((0.25, 0.45), (0.50, 0.55), (0.55, 0.65), (0.60, 0.75), (0.65, 0.85), (0.75, 0.90)),
+    # not measurable offline (the target's tokens on rejected branches, earlier calls' text): held below the live
+    # sequence's, since a stored phrase is older news than the text it was stored from
+    "stored": ((0.20, 0.40), (0.25, 0.45), (0.30, 0.50), (0.35, 0.60), (0.40, 0.70), (0.50, 0.80)),
+}
+COPY_PRIOR_WEIGHT = 3.0
+# The draft's prior round: 3 tokens drafted in 3 forwards, 1.5 of them accepted; the share of rounds whose every
+# drafted token is accepted, by why drafting ended (a head stop predicts a rejection; a whole confirmed phrase that the
+# text is being copied); and how many recent rounds the running means follow.
+DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_FORWARDS, DRAFT_PRIOR_ACCEPTED = 3.0, 3.0, 1.5
+ALL_ACCEPTED_PRIOR = {"head": 0.2, "limit": 0.4, "source": 0.5, "eos": 0.5}
+RECENT_ROUNDS = 8
+# How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
+# cost is measured while the option's acceptance is an estimate.
+STEP_MARGIN = 0.1
+# Most tokens one copy may send (the value rule usually stops earlier).
+MAX_COPY_TOKENS = 64
+
+
+class _Fit:
+    """seconds = a + b * n, by least squares over recent observations (older ones forgotten at `DECAY` per new one)
+    and two pseudo-observations of a prior line at `n0` and `n1`: weight `PRIOR_WEIGHT` together before any
+    observation, fading as observations come in."""
+
+    def __init__(self, n0: float, n1: float):
+        self.n0, self.n1 = n0, n1
+        self.prior = (0.0, 0.0)
+        self.sums = [0.0] * 5  # w, w n, w n^2, w t, w n t
+
+    def observe(self, n: float, seconds: float) -> None:
+        self.sums = [DECAY * value for value in self.sums]
+        for i, value in enumerate((1.0, n, n * n, seconds, n * seconds)):
+            self.sums[i] += value
+
+    def coefficients(self) -> tuple[float, float]:
+        w, wn, wnn, wt, wnt = self.sums
+        a0, b0 = self.prior
+        weight = PRIOR_WEIGHT / 2 / (1 + w)  # the prior's pseudo-observations fade as observations come in
+        for n in (self.n0, self.n1):
+            t = a0 + b0 * n
+            w, wn, wnn, wt, wnt = w + weight, wn + weight * n, wnn + weight * n * n, wt + weight * t, wnt + weight * n * t
+        det = w * wnn - wn * wn
+        b = max((w * wnt - wn * wt) / det, 0.0) if det > 1e-12 else b0
+        return max((wt - b * wn) / w, 1e-9), b
+
+    def seconds(self, n: float) -> float:
+        a, b = self.coefficients()
+        return a + b * n
+
+
+class CallCosts:
+    """The costs of one pair on this machine, in seconds, learnt online:
+    - a plain target step (no candidates): `step()`;
+    - a target call that verifies n >= 1 candidates: `target(n)` (a + b n);
+    - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond).
+
+    The priors are ratios to a step, scaled by the first timed round. One object per (target, draft) pair in a
+    process ([`costs_for`]), so a call starts from what earlier calls measured.
+    """
+
+    def __init__(self) -> None:
+        self._step = _Fit(0.0, 0.0)
+        self._verify = _Fit(1.0, 16.0)
+        self._draft = _Fit(0.0, SHORT_FORWARD - 1.0)
+        self._feed = _Fit(SHORT_FORWARD, 1024.0)
+        self._scale(PRIOR_STEP_S)
+        self._scaled = False
+        self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
+
+    def _scale(self, step_s: float) -> None:
+        self._step.prior = (step_s, 0.0)
+        self._verify.prior = (PRIOR_VERIFY_BASE * step_s, PRIOR_VERIFY_PER_TOKEN * step_s)
+        self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
+        self._feed.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
+
+    def observe_round(self, candidates: int, seconds: float) -> None:
+        """A target call that verified `candidates` took `seconds`."""
+        if not self._scaled:  # the first timing sets the unit of every prior
+            prior = PRIOR_VERIFY_BASE + PRIOR_VERIFY_PER_TOKEN * candidates if candidates else 1.0
+            self._scale(seconds / prior)
+            self._scaled = True
+        (self._verify if candidates else self._step).observe(candidates, seconds)
+        self.steps_timed += int(candidates == 0)
+
+    def observe_forward(self, fed_tokens: int, seconds: float) -> None:
+        """A draft forward that fed `fed_tokens` took `seconds`."""
+        if fed_tokens > SHORT_FORWARD:
+            self._feed.observe(fed_tokens, seconds)
+        else:
+            self._draft.observe(fed_tokens - 1, seconds)
+
+    def step(self) -> float:
+        return self._step.seconds(0)
+
+    def target(self, candidates: int) -> float:
+        """Seconds of a target call with `candidates` candidates (0: a plain step)."""
+        return self._verify.seconds(candidates) if candidates > 0 else self.step()
+
+    @property
+    def verify_per_token(self) -> float:
+        """Seconds each further candidate adds to a verification."""
+        return self._verify.coefficients()[1]
+
+    def draft(self, fed_tokens: int = 1) -> float:
+        """Seconds of a draft forward that feeds `fed_tokens`."""
+        if fed_tokens > SHORT_FORWARD:
+            return self._feed.seconds(fed_tokens)
+        return self._draft.seconds(fed_tokens - 1)
+
+    def catch_up(self, missing: int) -> float:
+        """What feeding `missing` tokens the draft lacks adds to a round's first draft forward."""
+        return max(self.draft(missing + 1) - self.draft(1), 0.0)
+
+
+_COSTS: "weakref.WeakKeyDictionary[object, dict[int, CallCosts]]" = weakref.WeakKeyDictionary()
+
+
+def costs_for(target: object, draft: object) -> CallCosts:
+    """The cost estimate of this (target, draft) pair in this process, created on first use."""
+    by_draft = _COSTS.setdefault(target, {})
+    return by_draft.setdefault(id(draft), CallCosts())
+
+
+def match_bucket(match_length: int) -> int:
+    """The index of the `MATCH_BUCKETS` bucket of a match length."""
+    return max(i for i, low in enumerate(MATCH_BUCKETS) if match_length >= low)
+
+
+class CopyAcceptance:
+    """Acceptance of copies in this call, per source and match-length bucket: the probability that a copy's first
+    token is accepted, and that each next token is once the first was. Each cell's estimate starts from the call's
+    evidence pooled over all cells (which starts from the cell's prior), so a call whose text does not copy learns it
+    from its first few copies, whatever look-up and match length they had."""
+
+    def __init__(self) -> None:
+        self._cells: dict[tuple[str, int], list[float]] = {}  # copies, first accepted, next accepted, next rejected
+        self._pooled = [0.0] * 4
+
+    @staticmethod
+    def _blend(hits: float, tries: float, prior: float) -> float:
+        return (hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
+
+    def probabilities(self, source: str, match_length: int) -> tuple[float, float]:
+        """`(p_first, p_next)` of a copy from `source` after a match of `match_length` tokens."""
+        bucket = match_bucket(match_length)
+        prior_first, prior_next = COPY_PRIOR[source][bucket]
+        copies, first, nexts, rejections = self._cells.get((source, bucket), (0.0, 0.0, 0.0, 0.0))
+        p_copies, p_first, p_nexts, p_rejections = self._pooled
+        pooled_first = self._blend(p_first, p_copies, prior_first)
+        pooled_next = self._blend(p_nexts, p_nexts + p_rejections, prior_next)
+        return self._blend(first, copies, pooled_first), self._blend(nexts, nexts + rejections, pooled_next)
+
+    def observe(self, source: str, match_length: int, sent: int, accepted: int) -> None:
+        """A copy of `sent` tokens, of which the first `accepted` were accepted (0 <= accepted <= sent)."""
+        if sent <= 0:
+            return
+        accepted = min(accepted, sent)
+        update = (1.0, float(accepted > 0), float(max(accepted - 1, 0)), float(0 < accepted < sent))
+        cell = self._cells.setdefault((source, match_bucket(match_length)), [0.0] * 4)
+        for counts in (cell, self._pooled):
+            for i, value in enumerate(update):
+                counts[i] += value
+
+
+class DraftAcceptance:
+    """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first):
+    tokens drafted, tokens accepted, seconds of drafting (its forwards, selection and head calls, without the catch-up
+    of tokens it had not seen); and per way drafting ended, the share of rounds whose every drafted token was accepted
+    (a tail after the draft is reached only then)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.drafted, self.accepted = DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED
+        self._seconds: float | None = None  # None until a draft round is timed: the costs' forwards stand in
+        self._all_accepted = {end: [share, 1.0] for end, share in ALL_ACCEPTED_PRIOR.items()}  # end -> [mean, n]
+
+    def seconds(self, costs: CallCosts) -> float:
+        """Expected seconds of drafting a round."""
+        return self._seconds if self._seconds is not None else DRAFT_PRIOR_FORWARDS * costs.draft(1)
+
+    def observe(self, drafted: int, accepted: int, seconds: float, end: str) -> None:
+        self.rounds = min(self.rounds + 1, RECENT_ROUNDS)
+        step = 1 / (self.rounds + 1)  # the prior round counts once
+        self.drafted += step * (drafted - self.drafted)
+        self.accepted += step * (min(accepted, drafted) - self.accepted)
+        self._seconds = seconds if self._seconds is None else self._seconds + step * (seconds - self._seconds)
+        share = self._all_accepted.setdefault(end, [0.5, 1.0])
+        share[1] = min(share[1] + 1, RECENT_ROUNDS)
+        share[0] += (float(accepted >= drafted) - share[0]) / share[1]
+
+    def all_accepted(self, end: str) -> float:
+        """The share of draft rounds that ended by `end` and had every drafted token accepted."""
+        return self._all_accepted.get(end, [0.5])[0]
+
+
+@dataclass
+class Plan:
+    """What the planner chose for a round: `"copy"` (send `copy.tokens[:length]`), `"draft"` (draft, then a tail
+    chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; and the new tokens it expects the round to
+    add."""
+
+    kind: str
+    expected: float
+    copy: Phrase | None = None
+    length: int = 0
+
+
+class RoundPlanner:
+    """Chooses each round's candidates for one `generate()` call (see the module docstring).
+
+    Args:
+        costs ([`CallCosts`]): the pair's cost estimate, updated by the generator as rounds are timed.
+        max_new_tokens (`int`): the call's new-token budget, for the lazy draft's break-even.
+    """
+
+    def __init__(self, costs: CallCosts, max_new_tokens: int):
+        self.costs = costs
+        self.copies = CopyAcceptance()
+        self.drafts = DraftAcceptance()
+        self.max_new_tokens = max_new_tokens
+        self.new_tokens = 0
+        self.seconds = 0.0
+
+    @property
+    def rate(self) -> float:
+        """New tokens per second of this call so far, starting from plain decoding's (one token per step)."""
+        return (self.new_tokens + PRIOR_WEIGHT) / (self.seconds + PRIOR_WEIGHT * self.costs.step())
+
+    def copy_length(self, option: Phrase, reach: float = 1.0, room: int = MAX_COPY_TOKENS) -> tuple[int, float]:
+        """How many of `option`'s tokens to send and their expected accepted count, when the round reaches the first
+        of them with probability `reach`: token i goes while P(it and all before it are accepted) is worth its
+        verification time at the call's rate."""
+        p_first, p_next = self.copies.probabilities(option.source, option.match_length)
+        worth = self.rate * self.costs.verify_per_token  # tokens a candidate's verification time would buy
+        length, expected, reach_i = 0, 0.0, reach * p_first
+        for _ in range(min(len(option.tokens), room, MAX_COPY_TOKENS)):
+            if reach_i < worth:
+                break
+            length += 1
+            expected += reach_i
+            reach_i *= p_next
+        return length, expected
+
+    def plan(self, options: Sequence[Phrase], room: int, draft_room: int, draft_missing: int,
+             draft_started: bool) -> Plan:
+        """The best of copying one of `options`, drafting and a plain step.
+
+        Args:
+            options: the continuations the look-ups found (possibly none).
+            room (`int`): the most candidates the round may send.
+            draft_room (`int`): the most it may draft (0: no drafting this round).
+            draft_missing (`int`): tokens the draft's cache lacks (its catch-up forward feeds them).
+            draft_started (`bool`): whether the draft has run in this call (its first forward fills the cache).
+        """
+        best, best_rate = Plan("step", 1.0), (1.0 + STEP_MARGIN) / self.costs.step()
+        if not self.costs.steps_timed:  # every option is priced against a step: time one first (it costs nothing)
+            return best
+        for option in options:
+            length, expected = self.copy_length(option, room=room)
+            rate = (1 + expected) / self.costs.target(length) if length else 0.0
+            if rate > best_rate:
+                best, best_rate = Plan("copy", 1 + expected, option, length), rate
+        if draft_room <= 0:
+            return best
+        drafts = self.drafts
+        drafted = max(1, round(min(drafts.drafted, draft_room)))
+        expected = 1 + min(drafts.accepted, drafted)
+        catch_up = self.costs.catch_up(draft_missing)
+        draft_s = drafts.seconds(self.costs) + self.costs.target(drafted)
+        draft_rate = expected / draft_s
+        # Once started, a round pays its own catch-up (the tokens copied since the draft last ran); the first start
+        # pays the prompt's, which the rest of the call must repay.
+        if draft_started:
+            draft_rate = expected / (draft_s + catch_up)
+            starts = draft_rate > best_rate
+        else:
+            starts = draft_rate > best_rate and self._repays(catch_up, draft_rate, best_rate)
+        return Plan("draft", expected) if starts else best
+
+    def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
+        """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
+        the call's budget at its rate instead of the other options', against that forward's extra time."""
+        remaining = max(self.max_new_tokens - self.new_tokens, 0)
+        return remaining * (1 / other_rate - 1 / draft_rate) > catch_up
+
+    def tail_length(self, option: Phrase | None, room: int, end: str) -> tuple[int, float]:
+        """After a draft that ended by `end`: how many of `option`'s tokens to append, reached only if every drafted
+        token is accepted (the share of such rounds so far)."""
+        if option is None or room <= 0:
+            return 0, 0.0
+        return self.copy_length(option, reach=self.drafts.all_accepted(end), room=room)
+
+    def observe_round(self, new_tokens: int, seconds: float) -> None:
+        """A round of this call added `new_tokens` in `seconds` (drafting and verification)."""
+        self.new_tokens += new_tokens
+        self.seconds += seconds

@@ -1,0 +1,114 @@
+"""The round planner's decisions, on known costs and acceptance: what it learns, what it picks, and how long it copies.
+
+Exactness does not depend on any of this (every choice reads only earlier rounds): that is tested with a planner whose
+choices are random, in test_phrases.py, test_sampling_exactness.py and test_differential.py.
+"""
+
+import pytest
+
+from pacer_hf.phrases import Phrase
+from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner, costs_for
+
+
+def _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15, draft_per_token=0.01, feed=0.002, rounds=40) -> CallCosts:
+    """Costs learnt from `rounds` timed observations of a known machine."""
+    costs = CallCosts()
+    for i in range(rounds):
+        costs.observe_round(0, step)
+        costs.observe_round(1 + i % 20, verify + per_token * (1 + i % 20))
+        costs.observe_forward(1 + i % 4, draft + draft_per_token * (i % 4))
+        costs.observe_forward(100 + 50 * (i % 8), draft + feed * (100 + 50 * (i % 8)))
+    return costs
+
+
+def test_costs_learn_a_step_a_verification_and_the_draft():
+    costs = _costs()
+    assert costs.step() == pytest.approx(0.3, rel=0.02)
+    assert costs.target(0) == costs.step()
+    assert costs.target(5) == pytest.approx(0.65, rel=0.02)  # verification has its own base: the jump of a CPU
+    assert costs.verify_per_token == pytest.approx(0.01, rel=0.1)
+    assert costs.draft(1) == pytest.approx(0.15, rel=0.05) and costs.draft(3) == pytest.approx(0.17, rel=0.05)
+    assert costs.catch_up(999) == pytest.approx(0.002 * 1000, rel=0.1)  # a long catch-up, priced per token
+
+
+def test_costs_start_from_priors_scaled_by_the_first_round():
+    costs = CallCosts()
+    costs.observe_round(0, 2.0)  # a slow machine: every prior scales with its first step
+    assert costs.step() == pytest.approx(2.0)
+    assert costs.draft(1) == pytest.approx(0.8) and costs.target(4) > 2.0
+
+
+def test_costs_are_shared_per_pair_in_a_process():
+    target, draft, other = object.__new__(type("T", (), {})), object(), object()
+    assert costs_for(target, draft) is costs_for(target, draft)
+    assert costs_for(target, other) is not costs_for(target, draft)
+
+
+def _likely(length=40, source="sequence", match=17) -> Phrase:
+    return Phrase(list(range(length)), source, match)
+
+
+def test_a_likely_copy_beats_a_step_and_an_unlikely_one_does_not_on_a_jumpy_cpu():
+    planner = RoundPlanner(_costs(step=0.3, verify=0.6), max_new_tokens=128)  # verifying costs two steps
+    plan = planner.plan([_likely()], room=100, draft_room=0, draft_missing=0, draft_started=False)
+    assert plan.kind == "copy" and plan.copy.source == "sequence" and plan.length > 10
+    unlikely = Phrase([1, 2, 3], "earliest", 1)
+    assert planner.plan([unlikely], room=100, draft_room=0, draft_missing=0, draft_started=False).kind == "step"
+    cheap = RoundPlanner(_costs(step=0.3, verify=0.3), max_new_tokens=128)  # a GPU: verification costs a step
+    assert cheap.plan([unlikely], room=100, draft_room=0, draft_missing=0, draft_started=False).kind == "copy"
+
+
+def test_copy_length_stops_where_a_token_is_not_worth_its_verification():
+    planner = RoundPlanner(_costs(per_token=0.01), max_new_tokens=128)
+    long_match, short_match = planner.copy_length(_likely(match=17)), planner.copy_length(_likely(match=1))
+    assert long_match[0] > short_match[0] > 0
+    costly = RoundPlanner(_costs(per_token=0.05), max_new_tokens=128)
+    assert costly.copy_length(_likely(match=17))[0] < long_match[0]
+    assert planner.copy_length(_likely(length=200, match=17))[0] <= MAX_COPY_TOKENS
+    assert planner.copy_length(_likely(match=17), room=3)[0] == 3
+
+
+def test_the_planner_learns_copy_acceptance_within_the_call_pooled_over_look_ups():
+    planner = RoundPlanner(_costs(), max_new_tokens=128)
+    first, nxt = planner.copies.probabilities("earliest", 3)
+    other_first, _ = planner.copies.probabilities("sequence", 9)
+    for _ in range(6):  # copies that start wrong
+        planner.copies.observe("earliest", 3, sent=10, accepted=0)
+    assert planner.copies.probabilities("earliest", 3)[0] < first / 3
+    # a text that does not copy: the other look-ups and match lengths learn it too, less strongly
+    assert planner.copies.probabilities("sequence", 9)[0] < other_first * 0.7
+    for _ in range(6):  # copies that start right and go on
+        planner.copies.observe("sequence", 2, sent=10, accepted=10)
+    p_first, p_next = planner.copies.probabilities("sequence", 2)
+    assert p_first > 0.5 and p_next > nxt
+
+
+def _drafting(planner: RoundPlanner, accepted: int, drafted: int = 4, seconds: float = 0.2, rounds: int = 16):
+    for _ in range(rounds):
+        planner.drafts.observe(drafted, accepted, seconds, "head")
+
+
+def test_the_draft_is_chosen_when_its_rounds_pay_and_dropped_when_they_stop_paying():
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3), max_new_tokens=128)
+    _drafting(planner, accepted=4)
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "draft"
+    _drafting(planner, accepted=0)
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "step"
+
+
+def test_the_lazy_draft_starts_only_when_the_rest_of_the_call_repays_its_catch_up():
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
+    _drafting(planner, accepted=3)
+    # a 200-token prompt: a 0.4 s catch-up, repaid over 128 tokens
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "draft"
+    planner.new_tokens = 126  # two tokens left: nothing repays it
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
+
+
+def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepted():
+    planner = RoundPlanner(_costs(per_token=0.02), max_new_tokens=128)
+    for _ in range(16):
+        planner.drafts.observe(4, 4, 0.2, "source")  # whole confirmed phrases: always fully accepted
+        planner.drafts.observe(4, 1, 0.2, "head")  # head stops: never
+    assert planner.tail_length(_likely(), room=50, end="source")[0] > planner.tail_length(_likely(), 50, "head")[0]
+    assert planner.tail_length(None, room=50, end="source") == (0, 0.0)
