@@ -97,7 +97,7 @@ def per_round(target, draft, ids, pacer: bool, tokenizers: dict) -> dict:
     if pacer:
         head = PacerHead(PacerHeadConfig.for_draft(draft, threshold=0.0, block_size=DRAFT_LENGTH,
                                                    max_draft=DRAFT_LENGTH)).to(draft.device)
-        kwargs.update(pacer_head=head, **tokenizers)
+        kwargs.update(pacer_head=head, pacer_phrases=False, **tokenizers)  # the paper's loop: every round drafts
     _timed(target, ids, **kwargs)  # warm-up
     rounds = NEW_TOKENS  # random weights: nothing is accepted, every round adds one token
     times = sorted(_timed(target, ids, **kwargs)[0] for _ in range(REPEATS))

@@ -210,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-prepack", action="store_true",
                       help="keep torch's stock CPU linear kernels (default: prepacked oneDNN weights for both models)")
     demo.add_argument("--no-phrases", action="store_true",
-                      help="the paper's loop (every round drafts) instead of the recommended planned rounds "
-                      "(`pacer_phrases=True`)")
+                      help="the paper's loop (every round drafts: `pacer_phrases=False`) instead of planned rounds "
+                      "(generate()'s default)")
     demo.add_argument("--device", default="cpu", help=device_help)
     demo.add_argument("--tiny", action="store_true", help="tiny random models and a random head: offline, seconds")
     demo.add_argument("--arch", default="qwen2", choices=("llama", "qwen2", "gpt2"), help="tiny model architecture")

@@ -315,7 +315,7 @@ def _greedy_continuation(
     with torch.no_grad():
         out = target.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), generation_config=generation_config,
-            assistant_model=draft, pacer_head=head, **tokenizers,
+            assistant_model=draft, pacer_head=head, pacer_phrases=False, **tokenizers,
         )
     return out[0].cpu()
 

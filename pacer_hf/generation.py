@@ -9,12 +9,14 @@ The route, in the order a call takes it:
      tokenizers, the prompt);
    - `_check_call`: refuses what PACER cannot honour (beam search, prompt lookup, a head on the meta device, ...);
    - `check_pair_compatible`: the head, the draft and the target belong together;
+   - `_phrase_pool`: planned rounds (the default) or the paper's loop (`pacer_phrases=False`);
    - `_call_config`: the one `PacerHeadConfig` of this call (the head's, with the per-call overrides);
    - `_warn_call`: what works but is probably not what the user wants (a head trained for the other decoding mode).
 2. transformers runs its own `generate()`, whose assisted loop asks `_get_candidate_generator()`; for the model of
-   the active call, [`_build_generator`] returns the call's generator (a `PacerCandidateGenerator`, a
-   `PhraseCandidateGenerator` with `pacer_phrases`, or the `pacer_candidate_generator` the call named, which then takes
-   `phrases=` and `costs=` with phrases on), with the call's stopping criteria; any other model gets transformers' own.
+   the active call, [`_build_generator`] returns the call's generator (a `PhraseCandidateGenerator`, whose rounds a
+   planner composes, by default; a `PacerCandidateGenerator`, the paper's loop, with `pacer_phrases=False`; or the
+   `pacer_candidate_generator` the call named, which then takes `phrases=` and `costs=` with phrases on), with the
+   call's stopping criteria; any other model gets transformers' own.
 3. transformers verifies each round's candidates with its own code, and `generate()` returns its own output; the
    route fills in the call's total time and warns loudly if transformers never asked for a generator.
 
@@ -195,10 +197,27 @@ def _check_call(pacer: PacerKwargs, call: _GenerateArguments) -> None:
         )
 
 
-def _phrase_pool(value: Any) -> PhrasePool | None:
-    """`pacer_phrases`: `True` drafts with a fresh pool for this call, a `PhrasePool` with that pool (warm start)."""
-    if value is None or value is False:
+def _plans_rounds(factory: Any) -> bool:
+    """Whether a `pacer_candidate_generator` (a class, or a `functools.partial` of one) plans rounds from a pool."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return isinstance(factory, type) and issubclass(factory, PhraseCandidateGenerator)
+
+
+def _phrase_pool(value: Any, generator: Any) -> PhrasePool | None:
+    """`pacer_phrases`: planned rounds with a fresh pool for this call (`True`, and the default), with a given
+    `PhrasePool` (warm start), or none (`False`: every round is the paper's head-stopped draft). By default a call
+    that names its own `pacer_candidate_generator` gets a pool only if that generator plans rounds."""
+    if value is None:
+        value = generator is None or _plans_rounds(generator)
+    if value is False:
         return None
+    if generator is not None and not _plans_rounds(generator):
+        raise TypeError(
+            "`pacer_phrases` plans rounds from a phrase pool, which needs a `pacer_candidate_generator` that plans "
+            "them (a `pacer_hf.phrase_drafting.PhraseCandidateGenerator` subclass); pass `pacer_phrases=False` for "
+            "a generator of the paper's loop."
+        )
     if value is True:
         return PhrasePool()
     if isinstance(value, PhrasePool):
@@ -239,7 +258,7 @@ def _prepare_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         return None
     call = _bind_generate_arguments(model, args, kwargs)
     _check_call(pacer, call)
-    phrases = _phrase_pool(pacer.phrases)
+    phrases = _phrase_pool(pacer.phrases, pacer.generator)
     tokenizer = call.options.get("tokenizer")
     check_pair_compatible(pacer.head.config, call.draft, model, tokenizer, call.options.get("assistant_tokenizer"))
     config = _call_config(pacer.head, pacer.overrides)

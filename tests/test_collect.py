@@ -38,7 +38,7 @@ def test_greedy_labels_equal_drafting_rounds(tmp_path, arch):
     for s, span in enumerate(collection.sequence_slices()):
         prompt = torch.tensor([prompts[int(collection.prompt_index[s])]])
         stats = PacerStats()
-        out = target.generate(prompt, assistant_model=draft, pacer_head=head, pacer_stats=stats,
+        out = target.generate(prompt, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats,
                               max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
         assert torch.equal(out[0, prompt.shape[1] :], collection.token[span])
         labels, start = collection.greedy_label[span], 0

@@ -94,7 +94,7 @@ def test_committed_head_keeps_greedy_output(head, arch):
             for block_size in (head.config.block_size, 1, 3):
                 stats = PacerStats()
                 out = target.generate(
-                    prompt, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
+                    prompt, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
                     do_sample=False, pacer_threshold=threshold, pacer_block_size=block_size,
                 )
                 assert torch.equal(out, plain), (seed, threshold, block_size)
@@ -106,7 +106,7 @@ def test_committed_head_keeps_greedy_output(head, arch):
 def test_committed_head_refuses_another_hidden_size(head):
     target, draft = tiny_pair("qwen2", "noisy", vocab_size=QWEN_VOCAB)  # the right vocabulary, hidden size 32
     with pytest.raises(ValueError, match="hidden size 896"):
-        target.generate(torch.tensor([[0, 3, 5]]), assistant_model=draft, pacer_head=head, max_new_tokens=4)
+        target.generate(torch.tensor([[0, 3, 5]]), assistant_model=draft, pacer_phrases=False, pacer_head=head, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("decoding", COMMITTED)

@@ -43,7 +43,7 @@ def test_pacer_on_a_prepacked_pair_equals_its_plain_greedy(arch, head_kind):
     plain = target.generate(PROMPT, max_new_tokens=21, do_sample=False)
     head = make_head(draft, head_kind, block_size=2, max_draft=8)
     stats = PacerStats()
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=21,
                           do_sample=False)
     assert torch.equal(out, plain)
     assert stats.drafted_tokens > 0

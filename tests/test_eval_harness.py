@@ -174,10 +174,9 @@ def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_chan
     import dataclasses
 
     from pacer_hf.bench.report import load_records
-    from pacer_hf.bench.flags import load_pair
     from pacer_hf.bench.run import run
 
-    _, draft, _, _ = load_pair("tiny", torch.float32)
+    _, draft = tiny_pair("qwen2", "noisy", seed=0)  # the harness's `tiny` pair
     folder = tmp_path / "head"
     make_head(draft, "random").save_pretrained(folder)
     prompts = str(tmp_path / "prompts.txt")
@@ -218,3 +217,34 @@ def test_bench_prepack_runs_every_method_on_prepacked_models_and_does_not_mix_wi
     assert all(len({tuple(t) for t in by_method.values()}) == 1 for by_method in tokens.values())
     with pytest.raises(ValueError, match="prepack_linear_weights"):  # stock kernels would be another run
         run(_bench_args(tmp_path, *args, "--resume"))
+
+
+def test_bench_runs_a_padded_pair_with_universal_assisted_generation_as_the_stock_baseline(tmp_path, monkeypatch):
+    """A pair whose embedding rows differ (`tiny-padded`): transformers' own draft-model methods get both tokenizers,
+    so they run as its universal assisted generation; PACER's methods draft token by token; every output equals the
+    autoregressive one (float32)."""
+    from transformers.generation import candidate_generator
+
+    from pacer_hf.bench.report import load_records
+    from pacer_hf.bench.run import run
+
+    used = []
+    original = candidate_generator.AssistedCandidateGeneratorDifferentTokenizers.__init__
+
+    def record(self, *args, **kwargs):
+        used.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(candidate_generator.AssistedCandidateGeneratorDifferentTokenizers, "__init__", record)
+    args = _bench_args(tmp_path, "--dtype", "float32", "--prompts", str(tmp_path / "prompts.txt") + ":0:2")
+    args.pair, args.methods = "tiny-padded", ["fixed-k2", "entropy", "entropy+phrases"]
+    environment, records = load_records(run(args))
+    assert environment["pair"] == "tiny-padded"
+    assert environment["stock_drafting"] == "universal assisted generation"
+    assert used  # fixed-k2 went through transformers' different-tokenizers generator
+    by_prompt = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt_id"], {})[r["method"]] = r["tokens"]
+    for outputs in by_prompt.values():
+        assert set(outputs) == {"autoregressive", "fixed-k2", "entropy", "entropy+phrases"}
+        assert all(tokens == outputs["autoregressive"] for tokens in outputs.values())

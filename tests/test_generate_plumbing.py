@@ -81,14 +81,14 @@ def test_beam_search_from_generation_config_is_refused(pair):
     with pytest.raises(ValueError, match="beam search"):
         target.generate(
             PROMPT, generation_config=GenerationConfig(num_beams=3, max_new_tokens=4), assistant_model=draft,
-            pacer_head=make_head(draft),
+            pacer_phrases=False, pacer_head=make_head(draft),
         )
 
 
 def test_batch_size_above_one_is_refused(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="only supported for batch_size = 1"):
-        target.generate(PROMPT.repeat(2, 1), assistant_model=draft, pacer_head=make_head(draft), max_new_tokens=4)
+        target.generate(PROMPT.repeat(2, 1), assistant_model=draft, pacer_phrases=False, pacer_head=make_head(draft), max_new_tokens=4)
     assert generation._ACTIVE_CALL.get() is None
 
 
@@ -146,7 +146,7 @@ def test_stats_are_per_call_and_consistent(pair):
     target, draft = pair
     head = make_head(draft, "random", block_size=2, max_draft=8)
     first = pacer_hf.PacerStats()
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=first, max_new_tokens=30,
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=first, max_new_tokens=30,
                           do_sample=False)
     assert first.new_tokens == out.shape[1] - PROMPT.shape[1] == 30
     assert first.head_calls >= first.head_stops > 0
@@ -167,7 +167,7 @@ def test_caller_stats_stay_apart_under_concurrent_calls(pair):
     stats = [pacer_hf.PacerStats() for _ in lengths]
 
     def run(i: int) -> torch.Tensor:
-        return target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats[i],
+        return target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats[i],
                                max_new_tokens=lengths[i], do_sample=False)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -201,7 +201,7 @@ def test_pacer_stats_and_generator_arguments_are_checked(pair):
 def test_an_empty_prompt_is_refused_with_the_fix(pair):
     target, draft = pair
     with pytest.raises(ValueError, match=r"prompt is empty.*BOS token"):
-        target.generate(torch.zeros(1, 0, dtype=torch.long), assistant_model=draft, pacer_head=make_head(draft),
+        target.generate(torch.zeros(1, 0, dtype=torch.long), assistant_model=draft, pacer_phrases=False, pacer_head=make_head(draft),
                         max_new_tokens=4)
 
 
@@ -232,7 +232,7 @@ def test_inputs_embeds_without_input_ids_is_refused_with_the_fix(pair):
     target, draft = pair
     embeds = target.get_input_embeddings()(PROMPT)
     with pytest.raises(ValueError, match="`inputs_embeds` without `input_ids`.*draft model reads token ids"):
-        target.generate(inputs_embeds=embeds, assistant_model=draft, pacer_head=make_head(draft), max_new_tokens=4)
+        target.generate(inputs_embeds=embeds, assistant_model=draft, pacer_phrases=False, pacer_head=make_head(draft), max_new_tokens=4)
 
 
 def test_max_draft_beyond_the_heads_position_table_is_refused(pair):
@@ -287,7 +287,7 @@ def test_head_trained_for_the_other_decoding_mode_warns(pair):
     target, draft = pair
     greedy_head = make_head(draft)
     with pytest.warns(UserWarning, match="trained on greedy acceptance labels, but this call samples"):
-        target.generate(PROMPT, max_new_tokens=4, do_sample=True, assistant_model=draft, pacer_head=greedy_head)
+        target.generate(PROMPT, max_new_tokens=4, do_sample=True, assistant_model=draft, pacer_phrases=False, pacer_head=greedy_head)
     sampling_head = make_head(draft, decoding="sampling")
     with pytest.warns(UserWarning, match="trained on sampling acceptance labels, but this call decodes greedily"):
         _generate(target, assistant_model=draft, pacer_head=sampling_head)

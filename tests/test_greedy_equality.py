@@ -33,7 +33,7 @@ def test_greedy_equals_target_greedy_grid(arch, draft_kind, head_kind, block_siz
     target, draft = _pair(arch, draft_kind)
     head = make_head(draft, head_kind, block_size=block_size, max_draft=2 * block_size)
     stats = PacerStats()
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats,
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats,
                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     assert torch.equal(out, _plain_greedy(arch, draft_kind))
     assert stats.new_tokens == MAX_NEW_TOKENS
@@ -49,7 +49,7 @@ def test_head_kinds_behave_as_named():
     lengths = {}
     for kind in HEAD_KINDS:
         head, stats = make_head(draft, kind, block_size=2, max_draft=8), PacerStats()
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=40,
+        target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=40,
                         do_sample=False)
         lengths[kind] = stats.draft_lengths[:-3]  # the last rounds are cut by the length limit
     assert set(lengths["always"]) == {8}
@@ -67,7 +67,7 @@ def test_greedy_equality_when_eos_inside_block():
     head, stats = make_head(draft, "always", block_size=4, max_draft=8), PacerStats()
     expected = target.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos)
     out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
+        PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False, eos_token_id=eos,
     )
     assert torch.equal(out, expected)
@@ -83,7 +83,7 @@ def test_greedy_equality_with_min_new_tokens_masking_eos():
     head = make_head(draft, "random", block_size=2, max_draft=8)
     kwargs = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos, min_new_tokens=12)
     expected = target.generate(PROMPT, **kwargs)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, **kwargs)
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, **kwargs)
     assert torch.equal(out, expected)
     assert eos not in out[0, PROMPT.shape[1]: PROMPT.shape[1] + 12].tolist()
 
@@ -93,7 +93,7 @@ def test_return_dict_in_generate_scores_match_plain():
     head = make_head(draft, "random", block_size=2, max_draft=6)
     kwargs = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, return_dict_in_generate=True, output_scores=True)
     expected = target.generate(PROMPT, **kwargs)
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, **kwargs)
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, **kwargs)
     assert torch.equal(out.sequences, expected.sequences)
     assert len(out.scores) == len(expected.scores) == MAX_NEW_TOKENS
     for got, want in zip(out.scores, expected.scores):
@@ -116,7 +116,7 @@ def test_streamer_receives_exactly_the_returned_tokens():
     head = make_head(draft, "random", block_size=2, max_draft=8)
     streamer = _CollectingStreamer()
     out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+        PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
         streamer=streamer,
     )
     assert streamer.chunks[-1] is None
@@ -129,7 +129,7 @@ def test_transformers_confidence_stop_does_not_interfere():
     draft.generation_config.assistant_confidence_threshold = 0.99  # would stop every stock round after 1 token
     try:
         head, stats = make_head(draft, "always", block_size=2, max_draft=8), PacerStats()
-        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=30,
+        out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=30,
                               do_sample=False)
     finally:
         draft.generation_config.assistant_confidence_threshold = 0.4
@@ -144,7 +144,7 @@ def test_padded_prompt_greedy_equality():
     head = make_head(draft, "random", block_size=2, max_draft=8)
     expected = target.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     out = target.generate(
-        ids, attention_mask=mask, assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS,
+        ids, attention_mask=mask, assistant_model=draft, pacer_phrases=False, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False,
     )
     assert torch.equal(out, expected)
@@ -154,7 +154,7 @@ def test_block_score_mode_and_per_call_overrides():
     target, draft = _pair("qwen2", "noisy")
     head, stats = make_head(draft, "random", block_size=2, max_draft=8), PacerStats()
     out = target.generate(
-        PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
+        PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats, max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False, pacer_score_mode="block", pacer_block_size=3, pacer_max_draft=6, pacer_threshold=0.0,
     )
     assert torch.equal(out, _plain_greedy("qwen2", "noisy"))

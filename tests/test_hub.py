@@ -103,14 +103,14 @@ def test_save_then_load_from_hf_cache_offline_and_check_the_draft(tmp_path, monk
         assert torch.equal(loaded.state_dict()[name], value), name
     prompt = torch.tensor([[0, 11, 42, 7]])
     plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
-    assert torch.equal(target.generate(prompt, assistant_model=draft, pacer_head=loaded, max_new_tokens=12,
+    assert torch.equal(target.generate(prompt, assistant_model=draft, pacer_phrases=False, pacer_head=loaded, max_new_tokens=12,
                                        do_sample=False), plain)
     wrong_draft = tiny_model("qwen2", seed=3, hidden_size=48)
     with pytest.raises(ValueError, match="trained for a draft with hidden size 32.*hidden size 48"):
-        target.generate(prompt, assistant_model=wrong_draft, pacer_head=loaded, max_new_tokens=4)
+        target.generate(prompt, assistant_model=wrong_draft, pacer_phrases=False, pacer_head=loaded, max_new_tokens=4)
     with pytest.raises(ValueError, match="vocabulary size"):
         tiny_target = tiny_model("qwen2", seed=0, vocab_size=100)
-        tiny_target.generate(prompt, assistant_model=tiny_model("qwen2", seed=1, vocab_size=100), pacer_head=loaded,
+        tiny_target.generate(prompt, assistant_model=tiny_model("qwen2", seed=1, vocab_size=100), pacer_phrases=False, pacer_head=loaded,
                              max_new_tokens=4)
 
 

@@ -2,6 +2,8 @@
 harness nor training, collection or Hub-upload code, and its modules import each other without a cycle."""
 
 import ast
+import fnmatch
+import re
 import subprocess
 import sys
 import zipfile
@@ -131,3 +133,24 @@ def test_pacer_hf_bench_runs_the_harness(tmp_path):
     assert main(["bench", "--pair", "tiny", "--prompts", f"{prompts}:0:1", "--max-new-tokens", "4", "--fixed", "2",
                  "--methods", "fixed-k2", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run.jsonl").is_file() and (tmp_path / "run.md").is_file()
+
+
+# Files a report writes beside a run's records (`pacer_hf.bench.report`): derived from a cited run, kept with it.
+_DERIVED_SUFFIXES = ("-speedup", "-draft-lengths")
+
+
+@pytest.mark.skipif(not (ROOT / "eval" / "results").is_dir(), reason="needs the repository's eval/results")
+def test_every_file_in_eval_results_belongs_to_a_run_the_readme_or_a_doc_cites():
+    """One result per claim: a run's records and derived files stay only while the README or a doc cites the run
+    (`eval/results/NAME.md`, `NAME.*`, ...); older runs leave."""
+    texts = [ROOT / "README.md", ROOT / "eval" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    citations = {c for path in texts for c in re.findall(r"eval/results/([A-Za-z0-9_.*-]+)", path.read_text("utf-8"))}
+    cited_runs = {c.split(".")[0] for c in citations if "*" not in c}
+    globs = [c for c in citations if "*" in c]
+    uncited = []
+    for file in sorted((ROOT / "eval" / "results").iterdir()):
+        stem = file.name.split(".")[0]
+        runs = {stem} | {stem[: -len(s)] for s in _DERIVED_SUFFIXES if stem.endswith(s)}
+        if not runs & cited_runs and not any(fnmatch.fnmatch(file.name, g) for g in globs):
+            uncited.append(file.name)
+    assert uncited == [], f"not cited by the README or docs/: {uncited}"

@@ -62,7 +62,7 @@ def test_a_padded_id_the_target_emits_does_not_break_the_draft():
     assert any(token >= 92 for token in plain)  # the target emits ids the draft has no embedding for
     head = make_head(draft, "always", block_size=2, max_draft=8)
     stats = PacerStats()
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats,
+    out = target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats,
                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False, **_tokenizers())
     assert out[0, PROMPT.shape[1] :].tolist() == plain and stats.drafted_tokens > 0
 
@@ -78,7 +78,8 @@ def test_draft_rows_are_the_targets_width_and_never_propose_a_row_the_target_lac
 
     for draft_rows in DRAFT_ROWS:
         target, draft = _pair("qwen2", draft_rows)
-        target.generate(PROMPT, assistant_model=draft, pacer_head=make_head(draft, "always"), max_new_tokens=12,
+        head = make_head(draft, "always", decoding="sampling")
+        target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=12,
                         pacer_candidate_generator=Recording, do_sample=True, **_tokenizers())
         for tokens, scores in rounds:
             if scores is None:
@@ -94,11 +95,11 @@ def test_a_padded_pair_without_tokenizers_or_with_different_ones_is_refused_with
     target, draft = _pair("llama", 100)
     head = make_head(draft)
     with pytest.raises(ValueError, match="100 embedding rows and the target 96.*`tokenizer=.*`assistant_tokenizer="):
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=4)
+        target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, max_new_tokens=4)
     other = copy.deepcopy(tiny_tokenizer())
     other.add_tokens(["<extra>"])
     with pytest.raises(ValueError, match="tokenizer` and `assistant_tokenizer` differ.*universal assisted generation"):
-        target.generate(PROMPT, assistant_model=draft, pacer_head=head, max_new_tokens=4, tokenizer=tiny_tokenizer(),
+        target.generate(PROMPT, assistant_model=draft, pacer_phrases=False, pacer_head=head, max_new_tokens=4, tokenizer=tiny_tokenizer(),
                         assistant_tokenizer=other)
 
 

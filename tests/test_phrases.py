@@ -10,7 +10,7 @@ import zlib
 import pytest
 import torch
 
-from pacer_hf import PacerStats, PhrasePool, phrases
+from pacer_hf import PacerCandidateGenerator, PacerStats, PhrasePool, phrases
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import costs_for
@@ -337,14 +337,38 @@ def test_candidate_rows_are_the_distributions_the_tokens_were_drawn_from():
         assert torch.equal(copied.softmax(-1), torch.nn.functional.one_hot(tokens[drafted:], rows.shape[-1]).float())
 
 
-def test_none_means_not_set_for_every_pacer_keyword():
+def test_planned_rounds_are_the_default_and_false_is_the_papers_loop():
+    """`pacer_phrases` unset (or None) plans rounds with a fresh pool; `False` runs the paper's loop, every round a
+    head-stopped draft; a named generator of the paper's loop gets no pool, and asking one for a pool is refused."""
     target, draft = _pair("llama", "noisy")
-    head = make_head(draft)
+    head = make_head(draft, "entropy")
+    plain = target.generate(PROMPT, max_new_tokens=12, do_sample=False)
+    built = []
+
+    class Spy(PhraseCandidateGenerator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    for phrases in ("unset", None):
+        stats = PacerStats()
+        given = {} if phrases == "unset" else {"pacer_phrases": phrases}
+        out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, pacer_threshold=None,
+                              max_new_tokens=12, do_sample=False, pacer_candidate_generator=functools.partial(Spy),
+                              **given)
+        assert torch.equal(out, plain) and len(built) == 1 and built.pop().phrases is not None
     stats = PacerStats()
-    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=None, pacer_threshold=None,
-                          pacer_stats=stats, max_new_tokens=6, do_sample=False)
-    assert torch.equal(out, target.generate(PROMPT, max_new_tokens=6, do_sample=False))
+    out = target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=False, pacer_stats=stats,
+                          max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, plain)
     assert stats.phrase_tokens_offered == 0 and set(stats.round_kinds) <= {"draft", "limit"}
+    stats = PacerStats()
+    target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_stats=stats, max_new_tokens=12,
+                    pacer_candidate_generator=PacerCandidateGenerator, do_sample=False)
+    assert set(stats.round_kinds) <= {"draft", "limit"}
+    with pytest.raises(TypeError, match="needs a `pacer_candidate_generator` that plans"):
+        target.generate(PROMPT, assistant_model=draft, pacer_head=head, pacer_phrases=True, max_new_tokens=4,
+                        pacer_candidate_generator=PacerCandidateGenerator)
 
 
 def test_phrase_generator_is_what_phrases_select():

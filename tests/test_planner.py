@@ -99,10 +99,31 @@ def test_the_draft_is_chosen_when_its_rounds_pay_and_dropped_when_they_stop_payi
 def test_the_lazy_draft_starts_only_when_the_rest_of_the_call_repays_its_catch_up():
     planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
     _drafting(planner, accepted=3)
-    # a 200-token prompt: a 0.4 s catch-up, repaid over 128 tokens
+    # a 200-token prompt: a 0.4 s catch-up, repaid over 128 tokens, but not before two rounds were timed
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
+    for _ in range(2):
+        planner.observe_round(new_tokens=1, seconds=0.3)  # plain steps
     assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "draft"
+    # a 1,000-token prompt (a 2 s catch-up): only once the call has spent as long without the draft (ski rental)
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1000, draft_started=False).kind == "step"
+    for _ in range(6):
+        planner.observe_round(new_tokens=1, seconds=0.3)
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1000, draft_started=False).kind == "draft"
     planner.new_tokens = 126  # two tokens left: nothing repays it
     assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
+
+
+def test_the_lazy_draft_waits_while_the_recent_rounds_are_faster_than_it_would_be():
+    """A text that copies well (a summary after its document): the draft's optimistic prior must not buy the
+    catch-up of a long prompt while the recent copies already decode faster than drafting would."""
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
+    _drafting(planner, accepted=3)  # drafting would give 4 tokens in 0.55 s
+    for _ in range(3):
+        planner.observe_round(new_tokens=12, seconds=0.32)  # copies accepted far
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
+    for _ in range(8):
+        planner.observe_round(new_tokens=1, seconds=0.32)  # the copies stop paying: the recent rate falls
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "draft"
 
 
 def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepted():

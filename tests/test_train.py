@@ -268,7 +268,7 @@ def test_simulated_draft_lengths_equal_generator_decisions(tmp_path):
     torch.nn.init.constant_(head.classifier.bias, 1.0)
     head.eval()
     stats = PacerStats()
-    target.generate(torch.tensor(prompts), assistant_model=draft, pacer_head=head, pacer_stats=stats,
+    target.generate(torch.tensor(prompts), assistant_model=draft, pacer_phrases=False, pacer_head=head, pacer_stats=stats,
                     max_new_tokens=48, do_sample=False)
     span = collection.sequence_slices()[0]
     draft_length, head_calls = head_draft_lengths(window_logprobs(head, RoundBatcher(collection, head.config), span),

@@ -39,7 +39,8 @@ PROMPTS = (
 
 def run(args: argparse.Namespace) -> dict:
     dtype = getattr(torch, args.dtype)
-    target, draft, encode, _ = load_models(args)
+    models = load_models(args)
+    target, draft, encode = models.target, models.draft, models.encode
     records = []
     prompts = [encode(p) for p in PROMPTS[: args.num_prompts]]
     for k in args.draft_lengths:

@@ -25,7 +25,8 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", required=True, help="tuning prompt sets, SOURCE:START:COUNT")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 1.0, 2.0, 3.0])
     args = parser.parse_args()
-    target, draft, encode, _ = load_models(args)
+    models = load_models(args)
+    target, draft, encode = models.target, models.draft, models.encode
     base = Pair(target, draft, max_new_tokens=args.max_new_tokens)
     prompts = [encode(p.text) for spec in args.prompts for p in load_prompt_set(spec)]
     entropy(dataclasses.replace(base, max_new_tokens=8), prompts[0])  # warm-up

@@ -73,6 +73,9 @@ class Pair:
             (transformers' prompt lookup decoding, n-grams of up to 2 tokens as its default).
         other_heads (`dict[str, PacerHead]`): more heads to compare with `head` in the same run, each as the method
             `pacer-NAME` at its own threshold.
+        tokenizers (`dict`): passed to every call with the draft: for a pair whose embedding rows differ, `tokenizer`
+            and `assistant_tokenizer`, so that transformers' own methods run as universal assisted generation and
+            pacer-hf checks the shared vocabulary (`Models.stock_tokenizers`); empty otherwise.
     """
 
     target: torch.nn.Module
@@ -85,6 +88,7 @@ class Pair:
     pacer_thresholds: tuple[float, ...] = ()
     prompt_lookup_lengths: tuple[int, ...] = (10,)
     other_heads: dict[str, PacerHead] = field(default_factory=dict)
+    tokenizers: dict = field(default_factory=dict)
 
     def generation_kwargs(self) -> dict:
         sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
@@ -147,6 +151,8 @@ def _draft_generation_config(draft: torch.nn.Module, **values) -> Iterator[None]
 def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None = None, **generate_kwargs) -> RunRecord:
     log = log if log is not None else _ForwardLog(pair.target, pair.draft)
     stats = generate_kwargs.setdefault("pacer_stats", PacerStats()) if "pacer_head" in generate_kwargs else None
+    if "assistant_model" in generate_kwargs:
+        generate_kwargs.update(pair.tokenizers)
     try:
         synchronize(pair.target.device)
         start = time.perf_counter()
@@ -227,14 +233,15 @@ def _rule_head_config(pair: Pair, **overrides) -> PacerHeadConfig:
 
 
 def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
-    """The training-free entropy stop, `PacerHead.entropy_stop`, in pacer-hf's draft loop (the paper's round)."""
+    """The training-free entropy stop, `PacerHead.entropy_stop`, in pacer-hf's draft loop (the paper's round, every
+    round drafts: `pacer_phrases=False`)."""
     head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
-    return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head)
+    return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=False)
 
 
 def entropy_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
-    """The entropy stop with planned rounds (`pacer_phrases=True`, a fresh pool per prompt): each round copies, drafts
-    or steps, as the round planner finds faster. The README's recommended call."""
+    """The entropy stop with planned rounds (a fresh pool per prompt; `generate()`'s default): each round copies,
+    drafts or steps, as the round planner finds faster. The README's recommended call."""
     head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
     return _timed(pair, "entropy+phrases", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True)
 
@@ -247,7 +254,8 @@ def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecor
     def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
         if pair.head is None:
             raise ValueError(f"The `{name}` method needs a head: pass `--head` (a folder or Hub id).")
-        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=pair.head, pacer_threshold=threshold)
+        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=pair.head, pacer_threshold=threshold,
+                      pacer_phrases=False)
 
     return run
 
@@ -259,7 +267,8 @@ def other_head(name: str) -> Callable[[Pair, torch.Tensor], RunRecord]:
     """The head `pair.other_heads[name]` at its own threshold: method `pacer-NAME`."""
 
     def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
-        return _timed(pair, f"pacer-{name}", ids, assistant_model=pair.draft, pacer_head=pair.other_heads[name])
+        return _timed(pair, f"pacer-{name}", ids, assistant_model=pair.draft, pacer_head=pair.other_heads[name],
+                      pacer_phrases=False)
 
     return run
 

@@ -104,7 +104,8 @@ def _start_records(out: Path, env: dict, resume: bool) -> set[tuple[str, str]]:
 def run(args: argparse.Namespace) -> Path:
     if args.pacer_thresholds and not args.head:
         raise ValueError("`--pacer-thresholds` runs the `--head` at other thresholds: pass `--head` too.")
-    target, draft, encode, tokenizer = load_models(args)
+    models = load_models(args)
+    target, draft, encode, tokenizer = models.target, models.draft, models.encode, models.tokenizer
     def load_head(folder: str) -> PacerHead:
         return PacerHead.from_pretrained(folder).to(dtype=getattr(torch, args.dtype))
 
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> Path:
         target, draft, head, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         entropy_threshold=args.entropy_threshold, fixed_draft_lengths=tuple(args.fixed),
         pacer_thresholds=tuple(args.pacer_thresholds), prompt_lookup_lengths=tuple(args.prompt_lookup),
-        other_heads=other_heads,
+        other_heads=other_heads, tokenizers=models.stock_tokenizers(),
     )
     methods = registry(pair)
     if args.methods:
@@ -135,7 +136,10 @@ def run(args: argparse.Namespace) -> Path:
     out = args.out.with_suffix(".jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(methods)
-    done = _start_records(out, {**environment(args, head, other_heads), "methods": names}, resume=args.resume)
+    env = {**environment(args, head, other_heads), "pair": models.label(args), "methods": names}
+    if pair.tokenizers:  # a padded pair: transformers' draft-model methods run as universal assisted generation
+        env["stock_drafting"] = "universal assisted generation"
+    done = _start_records(out, env, resume=args.resume)
     warm_up = dataclasses.replace(pair, max_new_tokens=8)
     for method in methods.values():
         method(warm_up, encode(prompts[0].text))
