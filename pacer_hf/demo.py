@@ -93,7 +93,7 @@ def run_demo(
     if prepack:
         prepack_linear_weights(target, draft)
     if head == ENTROPY_RULE:
-        pacer_head = PacerHead.entropy_stop(draft).to(draft.device)
+        pacer_head = PacerHead.entropy_stop(draft)
         about = f"the entropy rule (stop after a token whose draft entropy > {pacer_head.config.entropy_threshold} nats"
     else:
         pacer_head = PacerHead.from_pretrained(str(head)).to(draft.device, torch_dtype).eval()

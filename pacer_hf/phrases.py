@@ -90,8 +90,8 @@ class PhrasePool:
             if self._user is not None and self._user is not user:
                 raise ValueError(
                     "This `PhrasePool` is in use by another `generate()` call that has not finished: a pool follows "
-                    "one call's sequence at a time. Give each concurrent call its own pool (`pacer_phrases=True` "
-                    "makes a fresh one per call)."
+                    "one call's sequence at a time. Give each concurrent call its own pool (by default, or with "
+                    "`pacer_phrases=True`, each call makes a fresh one)."
                 )
             self._user = user
 

@@ -66,3 +66,14 @@ def test_a_head_on_another_device_than_the_draft_is_refused_with_the_fix():
     target, draft = _pair("llama", "noisy")
     with pytest.raises(ValueError, match="`pacer_head` is on cpu.*draft.*cuda.*head.to"):
         target.generate(PROMPT.to(DEVICE), assistant_model=draft, pacer_phrases=False, pacer_head=make_head(draft), max_new_tokens=4)
+
+
+def test_the_entropy_rule_of_a_cuda_draft_runs_on_cuda():
+    from pacer_hf import PacerHead
+
+    target, draft = _pair("qwen2", "noisy")
+    head = PacerHead.entropy_stop(draft)
+    assert head.device.type == "cuda"
+    out = target.generate(PROMPT.to(DEVICE), assistant_model=draft, pacer_head=head, max_new_tokens=MAX_NEW_TOKENS,
+                          do_sample=False)
+    assert torch.equal(out, _plain(target))

@@ -102,7 +102,7 @@ def test_metrics_on_a_hand_checked_case():
     assert fast["speedup"] == pytest.approx(15 / 7.5)  # AR: mean of 10 and 5 tokens/s
     assert fast["speedup_median"] == pytest.approx((2.0 + 2.0) / 2)
     assert fast["tau"] == pytest.approx(19 / 9)
-    assert fast["drafted_per_accepted"] == pytest.approx(17 / (19 - 9))
+    assert fast["draft_forwards_per_accepted"] == pytest.approx(17 / (19 - 9))
     assert fast["equal_to_autoregressive"] == 1  # prompt b is one token short: a mismatch
     assert fast["draft_length_histogram"] == {0: 1, 1: 1, 2: 5, 3: 2}
     table = markdown_table({"environment": environment, "summary": {"s": summary}})
@@ -248,3 +248,35 @@ def test_bench_runs_a_padded_pair_with_universal_assisted_generation_as_the_stoc
     for outputs in by_prompt.values():
         assert set(outputs) == {"autoregressive", "fixed-k2", "entropy", "entropy+phrases"}
         assert all(tokens == outputs["autoregressive"] for tokens in outputs.values())
+
+
+def test_the_report_compares_each_method_with_the_best_stock_method_per_set_and_over_all_sets():
+    from pacer_hf.bench.report import against_stock
+
+    def entry(speedup):
+        return {"speedup": speedup}
+
+    summary = {  # code: prompt lookup wins; chat: a fixed draft length wins; ours is level, then ahead
+        "code": {"autoregressive": entry(1.0), "fixed-k4": entry(1.5), "prompt-lookup-k10": entry(4.0),
+                 "entropy+phrases": entry(4.0), "oracle": entry(2.0)},
+        "chat": {"autoregressive": entry(1.0), "fixed-k4": entry(1.6), "prompt-lookup-k10": entry(1.0),
+                 "entropy+phrases": entry(2.0), "oracle": entry(2.5)},
+    }
+    result = against_stock(summary)
+    assert result["per_set"]["code"] == {"best_stock": "prompt-lookup-k10", "best_stock_speedup": 4.0,
+                                         "entropy+phrases": 1.0}
+    assert result["per_set"]["chat"]["best_stock"] == "fixed-k4"
+    assert result["per_set"]["chat"]["entropy+phrases"] == pytest.approx(1.25)
+    assert result["best_single_stock"] == "prompt-lookup-k10"  # geomean 2.0 against fixed-k4's 1.55
+    assert result["geomean_vs_best_single_stock"]["entropy+phrases"] == pytest.approx((4.0 * 2.0) ** 0.5 / 2.0)
+    assert "oracle" not in result["geomean_speedup"]
+
+
+def test_bench_without_its_extra_names_the_extra(monkeypatch, capsys):
+    import sys
+
+    from pacer_hf.cli import main
+
+    monkeypatch.setitem(sys.modules, "pacer_hf.bench.run", None)  # as if a dependency of the harness were missing
+    assert main(["bench", "--pair", "tiny"]) != 0
+    assert "pip install 'pacer-hf[bench]'" in capsys.readouterr().err

@@ -291,3 +291,28 @@ def test_head_trained_for_the_other_decoding_mode_warns(pair):
     sampling_head = make_head(draft, decoding="sampling")
     with pytest.warns(UserWarning, match="trained on sampling acceptance labels, but this call decodes greedily"):
         _generate(target, assistant_model=draft, pacer_head=sampling_head)
+
+
+def test_a_stopping_criterion_that_reads_scores_is_refused_under_output_scores(pair):
+    """Candidates are checked against the stopping criteria before the target scores them, so a criterion that reads
+    `scores` cannot be given the target's: refused with the fix, never answered with something else."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopOnConfidentScore(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return scores[-1].softmax(-1).max(-1).values > 0.99
+
+    class StopOnToken(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 7
+
+    target, draft = pair
+    head = make_head(draft, "always")
+    with pytest.raises(ValueError, match="reads `scores`.*Use a criterion that reads only `input_ids`"):
+        _generate(target, assistant_model=draft, pacer_head=head, return_dict_in_generate=True, output_scores=True,
+                  stopping_criteria=StoppingCriteriaList([StopOnConfidentScore()]))
+    out = _generate(target, assistant_model=draft, pacer_head=head, return_dict_in_generate=True, output_scores=True,
+                    stopping_criteria=StoppingCriteriaList([StopOnToken()]))  # one that reads only ids: fine
+    plain = _generate(target, return_dict_in_generate=True, output_scores=True,
+                      stopping_criteria=StoppingCriteriaList([StopOnToken()]))
+    assert torch.equal(out.sequences, plain.sequences)

@@ -247,3 +247,13 @@ def test_stop_rule_scores_rounds_in_a_batch_as_one_at_a_time(score_mode):
     never = StopRule(head, dataclasses.replace(config, threshold=0.0))
     assert not never.says_stop(hidden, features).any() and not never.asks_head(2)  # 0 never stops, never asks
     assert StopRule(head, config).asks_head(2) and not StopRule(head, config).asks_head(3)  # after full blocks only
+
+
+def test_the_entropy_rule_is_placed_where_its_draft_is():
+    """`PacerHead.entropy_stop(draft)` follows the draft's device (a GPU draft gets a GPU rule: `generate()` refuses
+    a head on another device than its draft). The `meta` device stands in for a GPU here."""
+    from pacer_hf.tiny_models import tiny_model
+
+    draft = tiny_model("qwen2")
+    assert PacerHead.entropy_stop(draft).device.type == "cpu"
+    assert PacerHead.entropy_stop(draft.to("meta")).device.type == "meta"

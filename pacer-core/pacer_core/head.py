@@ -180,14 +180,17 @@ class PacerHead(
         ```
 
         Args:
-            draft (`nn.Module`): the draft model (sizes the config, for the same pair check as a trained head).
+            draft (`nn.Module`): the draft model (sizes the config, for the same pair check as a trained head; the
+                rule is placed on its device).
             entropy_threshold (`float`, *optional*): nats; defaults to `PacerHeadConfig`'s.
             settings: other [`PacerHeadConfig`] fields (`max_draft`, `decoding`, ...).
         """
         rule = dict(ENTROPY_RULE_SETTINGS)
         if entropy_threshold is not None:
             rule["entropy_threshold"] = entropy_threshold
-        return PacerHead(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
+        head = PacerHead(PacerHeadConfig.for_draft(draft, **{**rule, **settings})).eval()
+        weight = next(draft.parameters(), None)
+        return head.to(weight.device) if weight is not None else head  # where the draft's features are
 
     def num_parameters(self) -> int:
         """Number of parameters (0 for a rule), like transformers' `PreTrainedModel.num_parameters()`."""

@@ -11,6 +11,7 @@ A prompt that not every method finished (an interrupted run) is left out of ever
 
 import argparse
 import json
+import math
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -56,7 +57,7 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             "tokens_per_s_mean": statistics.mean(rates),
             "tokens_per_s_median": statistics.median(rates),
             "tau": new_tokens / target_calls,
-            "drafted_per_accepted": draft_forwards / accepted if accepted > 0 else None,
+            "draft_forwards_per_accepted": draft_forwards / accepted if accepted > 0 else None,
             "target_calls": target_calls,
             "draft_forwards": draft_forwards,
             "draft_length_histogram": dict(sorted(Counter(n for r in rows for n in r["draft_lengths"]).items())),
@@ -75,7 +76,38 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             entry["speedup_median"] = statistics.median(
                 len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
             )
-    return {"environment": environment, "summary": summary, "left_out": [list(key) for key in left_out]}
+    return {"environment": environment, "summary": summary, "against_stock": against_stock(summary),
+            "left_out": [list(key) for key in left_out]}
+
+
+def _is_stock(method: str) -> bool:
+    """transformers' own methods: its draft-model schedules and its prompt lookup."""
+    return method.startswith(STOCK_PREFIXES) or method in ("heuristic", "confidence")
+
+
+STOCK_PREFIXES = ("fixed-k", "prompt-lookup-k")
+
+
+def against_stock(summary: dict[str, dict[str, dict]]) -> dict:
+    """Each of pacer-hf's methods against what transformers already ships, from the speed-ups of `summary`: per set,
+    its ratio to that set's best stock method; over all sets, its geometric-mean speed-up and the ratio of that to the
+    geometric mean of the best *single* stock method (the one setting a user would otherwise pick for everything)."""
+    sets = list(summary)
+    common = set.intersection(*(set(summary[s]) for s in sets)) if sets else set()
+    stock = sorted(m for m in common if _is_stock(m))
+    ours = [m for m in (summary[sets[0]] if sets else {}) if m in common and m != "autoregressive"
+            and not _is_stock(m) and m != "oracle"]
+    if not stock or not ours:
+        return {}
+    geomean = {m: math.exp(statistics.mean(math.log(summary[s][m]["speedup"]) for s in sets)) for m in stock + ours}
+    best_single = max(stock, key=geomean.get)
+    per_set = {}
+    for s in sets:
+        best = max(stock, key=lambda m: summary[s][m]["speedup"])
+        per_set[s] = {"best_stock": best, "best_stock_speedup": summary[s][best]["speedup"],
+                      **{m: summary[s][m]["speedup"] / summary[s][best]["speedup"] for m in ours}}
+    return {"per_set": per_set, "geomean_speedup": geomean, "best_single_stock": best_single,
+            "geomean_vs_best_single_stock": {m: geomean[m] / geomean[best_single] for m in ours}}
 
 
 def markdown_table(result: dict) -> str:
@@ -87,19 +119,35 @@ def markdown_table(result: dict) -> str:
         + (f"; {len(result['left_out'])} prompt(s) not finished by every method left out" if result.get("left_out")
            else ""),
         "",
-        "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | drafted/accepted | "
+        "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | draft forwards/accepted | "
         "equal to AR | pass@1 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for set_name, methods in result["summary"].items():
         for method, e in methods.items():
-            drafted = f"{e['drafted_per_accepted']:.2f}" if e["drafted_per_accepted"] is not None else "-"
+            drafted = (f"{e['draft_forwards_per_accepted']:.2f}" if e["draft_forwards_per_accepted"] is not None
+                       else "-")
             equal = f"{e['equal_to_autoregressive']}/{e['prompts']}" if "equal_to_autoregressive" in e else "-"
             quality = f"{e['pass@1']:.2f}" if "pass@1" in e else "-"
             lines.append(
                 f"| {set_name} | {method} | {e['tokens_per_s_mean']:.2f} | {e['speedup']:.2f}x | "
                 f"{e['speedup_median']:.2f}x | {e['tau']:.2f} | {drafted} | {equal} | {quality} |"
             )
+    comparison = result.get("against_stock")
+    if comparison:
+        ours = list(comparison["geomean_vs_best_single_stock"])
+        lines += ["", "Against transformers' own methods: each method's speed-up over the set's best stock method's, and "
+                  f"over all sets the geometric mean (best single stock method: {comparison['best_single_stock']}).", "",
+                  "| prompt set | best stock method | its speed-up | " + " | ".join(ours) + " |",
+                  "|---|---|---|" + "---|" * len(ours)]
+        for set_name, row in comparison["per_set"].items():
+            lines.append(f"| {set_name} | {row['best_stock']} | {row['best_stock_speedup']:.2f}x | "
+                         + " | ".join(f"{row[m]:.3f}" for m in ours) + " |")
+        geomean = comparison["geomean_speedup"]
+        lines.append(f"| geometric mean | {comparison['best_single_stock']} | "
+                     f"{geomean[comparison['best_single_stock']]:.2f}x | "
+                     + " | ".join(f"{geomean[m]:.2f}x ({comparison['geomean_vs_best_single_stock'][m]:.3f})"
+                                  for m in ours) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> Path:
     models = load_models(args)
     target, draft, encode, tokenizer = models.target, models.draft, models.encode, models.tokenizer
     def load_head(folder: str) -> PacerHead:
-        return PacerHead.from_pretrained(folder).to(dtype=getattr(torch, args.dtype))
+        return PacerHead.from_pretrained(folder).to(draft.device, getattr(torch, args.dtype))  # the draft's device
 
     head = load_head(args.head) if args.head else None
     other_heads = {}
