@@ -79,9 +79,9 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
     def _draft_then_tail(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
         """The head-stopped draft, then the copied tail the planner finds worth sending after it."""
         self._draft_started = True
-        start, catch_up = time.perf_counter(), self.planner.costs.catch_up(self.draft.missing(input_ids))
+        start, missing = time.perf_counter(), self.draft.missing(input_ids)
         run = self._draft_blocks(input_ids, draft_room)
-        self._draft_s = max(time.perf_counter() - start - catch_up, 0.0)
+        self._draft_s = self._drafting_seconds(time.perf_counter() - start, missing)
         drafted = run.tokens.shape[1]
         record = RoundRecord("draft", drafted, drafted, end=run.end)
         self._tail, tail = NO_PHRASE, []
@@ -92,6 +92,18 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
                 self._tail, tail = phrase, self._cut_after_eos(phrase.tokens[:length])
                 record.copied_from = phrase.source
         return self._copied(run.tokens, run.scores, tail, record)
+
+    def _drafting_seconds(self, wall_s: float, missing: int) -> float:
+        """What drafting a round costs without its catch-up: its wall time with the first forward, which also fed the
+        `missing` tokens the draft had not seen (the whole prompt the first time, with one-off set-up costs), priced
+        as the costs say a forward of its other tokens costs. The round's forwards are learnt by the costs here."""
+        timings = self.draft.take_timings()  # [(tokens fed, seconds)] of this round's forwards
+        for fed, seconds in timings:
+            self.planner.costs.observe_forward(fed, seconds)
+        if not timings:
+            return wall_s
+        fed, seconds = timings[0]
+        return max(wall_s - seconds + self.planner.costs.draft(max(fed - missing, 1)), 0.0)
 
     def _copied(self, tokens: torch.LongTensor, scores: torch.Tensor | None, copied: list[int],
                 record: RoundRecord) -> Candidates:
@@ -150,10 +162,10 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         if self.stats.rounds > 1:  # the first round's target call also prefilled the prompt: not a round's cost
             planner.observe_round(input_ids.shape[1] - self._round_length, time.perf_counter() - self._round_start)
             planner.costs.observe_round(record.sent, target_s)
-        for fed, seconds in self.draft.take_timings():
-            planner.costs.observe_forward(fed, seconds)
         if record.kind == "draft":
             planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)
+        else:
+            planner.drafts.forget()
         copied = record.sent - record.drafted
         if copied and accepted >= record.drafted:  # the copied tokens were reached
             planner.copies.observe(self._tail.source, self._tail.match_length, copied, accepted - record.drafted)

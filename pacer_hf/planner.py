@@ -43,6 +43,10 @@ PRIOR_DRAFT_PER_TOKEN = 0.1  # per extra token of a short forward (phrase confir
 PRIOR_FEED_PER_TOKEN = 0.01  # per token of a long catch-up forward
 # A forward that feeds more tokens than this is a catch-up, priced per token.
 SHORT_FORWARD = 16
+# Verifications of up to this many candidates (draft rounds, short copies) and longer ones (long copies) are fitted
+# apart: on a CPU with bfloat16 matrix units or a GPU a verification costs about a step up to a few tens of tokens and
+# grows after, and one line through both would price a short round by the long copies' slope.
+SHORT_VERIFY = 16
 # Weight of a prior, in observations; and the forgetting of old observations per new one (a shared machine's speed
 # drifts, and the text's character changes within a call).
 PRIOR_WEIGHT = 2.0
@@ -75,6 +79,10 @@ COPY_PRIOR_WEIGHT = 3.0
 DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_FORWARDS, DRAFT_PRIOR_ACCEPTED = 3.0, 3.0, 2.4
 ALL_ACCEPTED_PRIOR = {"head": 0.2, "limit": 0.4, "source": 0.5, "eos": 0.5}
 RECENT_ROUNDS = 8
+# Each round that does not draft moves the draft's estimates this far back towards the prior: a call that stopped
+# drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
+# that do not draft teach it nothing about the draft.
+DRAFT_FORGET = 0.1
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
@@ -120,10 +128,35 @@ class _Fit:
         return a + b * n
 
 
+class _SlopeFit:
+    """seconds = anchor + b * (n - n0) for n > n0, the anchor given at query time (the short line's value at n0, so
+    that the two lines meet), b by least squares over recent observations (forgetting at `DECAY`) and a prior slope
+    that counts as `PRIOR_WEIGHT` observations (at `n1` before any, then as far past the anchor as the average one),
+    fading as observations come in."""
+
+    def __init__(self, n0: float, n1: float):
+        self.n0, self.n1 = n0, n1
+        self.prior = 0.0
+        self.sums = [0.0] * 4  # w, w x, w x^2, w x t with x = n - n0
+
+    def observe(self, n: float, seconds: float) -> None:
+        x = n - self.n0
+        self.sums = [DECAY * value for value in self.sums]
+        for i, value in enumerate((1.0, x, x * x, x * seconds)):
+            self.sums[i] += value
+
+    def slope(self, anchor: float) -> float:
+        w, wx, wxx, wxt = self.sums
+        weight = PRIOR_WEIGHT / (1 + w)
+        lever = wxx / w if w > 0 else (self.n1 - self.n0) ** 2  # the prior weighs as much as an average observation
+        return max((wxt - anchor * wx + weight * lever * self.prior) / (wxx + weight * lever), 0.0)
+
+
 class CallCosts:
     """The costs of one pair on this machine, in seconds, learnt online:
     - a plain target step (no candidates): `step()`;
-    - a target call that verifies n >= 1 candidates: `target(n)` (a + b n);
+    - a target call that verifies n >= 1 candidates: `target(n)` (a + b n up to `SHORT_VERIFY` candidates, then a
+      slope of its own from there);
     - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond).
 
     The priors are ratios to a step, scaled by the first timed round. One object per (target, draft) pair in a
@@ -132,7 +165,8 @@ class CallCosts:
 
     def __init__(self) -> None:
         self._step = _Fit(0.0, 0.0)
-        self._verify = _Fit(1.0, 16.0)
+        self._verify = _Fit(1.0, SHORT_VERIFY)
+        self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY)
         self._draft = _Fit(0.0, SHORT_FORWARD - 1.0)
         self._feed = _Fit(SHORT_FORWARD, 1024.0)
         self._scale(PRIOR_STEP_S)
@@ -142,6 +176,7 @@ class CallCosts:
     def _scale(self, step_s: float) -> None:
         self._step.prior = (step_s, 0.0)
         self._verify.prior = (PRIOR_VERIFY_BASE * step_s, PRIOR_VERIFY_PER_TOKEN * step_s)
+        self._verify_long.prior = PRIOR_VERIFY_PER_TOKEN * step_s
         self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
         self._feed.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
 
@@ -151,7 +186,10 @@ class CallCosts:
             prior = PRIOR_VERIFY_BASE + PRIOR_VERIFY_PER_TOKEN * candidates if candidates else 1.0
             self._scale(seconds / prior)
             self._scaled = True
-        (self._verify if candidates else self._step).observe(candidates, seconds)
+        if candidates == 0:
+            self._step.observe(0, seconds)
+        else:
+            (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, seconds)
         self.steps_timed += int(candidates == 0)
 
     def observe_forward(self, fed_tokens: int, seconds: float) -> None:
@@ -166,12 +204,19 @@ class CallCosts:
 
     def target(self, candidates: int) -> float:
         """Seconds of a target call with `candidates` candidates (0: a plain step)."""
-        return self._verify.seconds(candidates) if candidates > 0 else self.step()
+        if candidates <= 0:
+            return self.step()
+        if candidates <= SHORT_VERIFY:
+            return self._verify.seconds(candidates)
+        anchor = self._verify.seconds(SHORT_VERIFY)
+        return anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)
 
-    @property
-    def verify_per_token(self) -> float:
-        """Seconds each further candidate adds to a verification."""
-        return self._verify.coefficients()[1]
+    def verify_marginal(self, candidates: int) -> float:
+        """Seconds the `candidates`-th candidate adds to a verification of the ones before it (for the first, the
+        short line's slope: what one candidate more costs, not the jump from a plain step)."""
+        if candidates <= 1:
+            return self._verify.coefficients()[1]
+        return max(self.target(candidates) - self.target(candidates - 1), 0.0)
 
     def draft(self, fed_tokens: int = 1) -> float:
         """Seconds of a draft forward that feeds `fed_tokens`."""
@@ -236,29 +281,40 @@ class CopyAcceptance:
 
 class DraftAcceptance:
     """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first):
-    tokens drafted, tokens accepted, seconds of drafting (its forwards, selection and head calls, without the catch-up
-    of tokens it had not seen); and per way drafting ended, the share of rounds whose every drafted token was accepted
-    (a tail after the draft is reached only then)."""
+    tokens drafted, tokens accepted, seconds of drafting per drafted token (its forwards, selection and head calls,
+    without the catch-up of tokens it had not seen; the prior is the costs' draft forward); and per way drafting
+    ended, the share of rounds whose every drafted token was accepted (a tail after the draft is reached only then).
+    Rounds without the draft move the means back towards the prior ([`forget`])."""
 
     def __init__(self) -> None:
         self.rounds = 0
         self.drafted, self.accepted = DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED
-        self._seconds: float | None = None  # None until a draft round is timed: the costs' forwards stand in
+        self._per_token, self._per_token_weight = 0.0, 0.0  # seconds per drafted token, and its weight in rounds
         self._all_accepted = {end: [share, 1.0] for end, share in ALL_ACCEPTED_PRIOR.items()}  # end -> [mean, n]
 
     def seconds(self, costs: CallCosts) -> float:
         """Expected seconds of drafting a round."""
-        return self._seconds if self._seconds is not None else DRAFT_PRIOR_FORWARDS * costs.draft(1)
+        prior = costs.draft(1) * DRAFT_PRIOR_FORWARDS / DRAFT_PRIOR_TOKENS  # counts as one round
+        per_token = (self._per_token_weight * self._per_token + prior) / (self._per_token_weight + 1)
+        return per_token * self.drafted
 
     def observe(self, drafted: int, accepted: int, seconds: float, end: str) -> None:
         self.rounds = min(self.rounds + 1, RECENT_ROUNDS)
         step = 1 / (self.rounds + 1)  # the prior round counts once
         self.drafted += step * (drafted - self.drafted)
         self.accepted += step * (min(accepted, drafted) - self.accepted)
-        self._seconds = seconds if self._seconds is None else self._seconds + step * (seconds - self._seconds)
+        if drafted > 0:
+            self._per_token_weight = min(self._per_token_weight + 1, RECENT_ROUNDS)
+            self._per_token += (seconds / drafted - self._per_token) / self._per_token_weight
         share = self._all_accepted.setdefault(end, [0.5, 1.0])
         share[1] = min(share[1] + 1, RECENT_ROUNDS)
         share[0] += (float(accepted >= drafted) - share[0]) / share[1]
+
+    def forget(self) -> None:
+        """A round without the draft: the estimates move `DRAFT_FORGET` of the way back towards the prior round."""
+        self.drafted += DRAFT_FORGET * (DRAFT_PRIOR_TOKENS - self.drafted)
+        self.accepted += DRAFT_FORGET * (DRAFT_PRIOR_ACCEPTED - self.accepted)
+        self._per_token_weight *= 1 - DRAFT_FORGET
 
     def all_accepted(self, end: str) -> float:
         """The share of draft rounds that ended by `end` and had every drafted token accepted."""
@@ -305,10 +361,9 @@ class RoundPlanner:
         of them with probability `reach`: token i goes while P(it and all before it are accepted) is worth its
         verification time at the call's rate."""
         p_first, p_next = self.copies.probabilities(option.source, option.match_length)
-        worth = self.rate * self.costs.verify_per_token  # tokens a candidate's verification time would buy
         length, expected, reach_i = 0, 0.0, reach * p_first
         for _ in range(min(len(option.tokens), room, MAX_COPY_TOKENS)):
-            if reach_i < worth:
+            if reach_i < self.rate * self.costs.verify_marginal(length + 1):  # what its verification time would buy
                 break
             length += 1
             expected += reach_i

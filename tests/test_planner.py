@@ -26,9 +26,36 @@ def test_costs_learn_a_step_a_verification_and_the_draft():
     assert costs.step() == pytest.approx(0.3, rel=0.02)
     assert costs.target(0) == costs.step()
     assert costs.target(5) == pytest.approx(0.65, rel=0.02)  # verification has its own base: the jump of a CPU
-    assert costs.verify_per_token == pytest.approx(0.01, rel=0.1)
+    assert costs.verify_marginal(1) == pytest.approx(0.01, rel=0.1) == costs.verify_marginal(8)
     assert costs.draft(1) == pytest.approx(0.15, rel=0.05) and costs.draft(3) == pytest.approx(0.17, rel=0.05)
     assert costs.catch_up(999) == pytest.approx(0.002 * 1000, rel=0.1)  # a long catch-up, priced per token
+
+
+def test_short_and_long_verifications_are_fitted_apart():
+    """A machine on which a verification costs a step up to a few tens of candidates and grows after (bfloat16
+    matrix units, a GPU): long copies must not make a draft round's short verification look expensive."""
+    costs = CallCosts()
+    for i in range(40):
+        costs.observe_round(0, 0.3)
+        costs.observe_round(1 + i % 8, 0.31)  # short rounds: flat
+        costs.observe_round(32 + i % 33, 0.3 + 0.006 * (32 + i % 33 - 16))  # long copies: +6 ms a candidate past 16
+    assert costs.target(2) == pytest.approx(0.31, rel=0.03) and costs.verify_marginal(2) < 0.002
+    assert costs.target(64) == pytest.approx(0.3 + 0.006 * 48, rel=0.05)
+    assert costs.verify_marginal(40) == pytest.approx(0.006, rel=0.1)
+    assert all(costs.target(n + 1) >= costs.target(n) for n in range(1, 80))
+
+
+def test_the_draft_estimate_drifts_back_to_its_prior_while_the_call_does_not_draft():
+    """One poor draft round must not keep a call from drafting for the rest of it (rounds without the draft
+    teach nothing about it): the estimate returns towards the prior, and the draft is tried again."""
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3), max_new_tokens=128)
+    for _ in range(3):
+        planner.observe_round(new_tokens=1, seconds=0.3)
+    planner.drafts.observe(4, 0, 0.6, "head")  # a first round that accepted nothing
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "step"
+    for _ in range(20):
+        planner.drafts.forget()  # twenty rounds of plain steps
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "draft"
 
 
 def test_costs_start_from_priors_scaled_by_the_first_round():
