@@ -9,7 +9,7 @@ A round can send
 Each option's value is its expected new tokens (1 for the target's own token plus the expected accepted candidates)
 per expected second, and the planner picks the best. Candidate length follows the same rule: a copied token i is sent
 only while its probability of being accepted, P(all before it accepted and it), is worth its verification time at the
-call's current rate: P_i >= rate * seconds per candidate token.
+call's current rate: P_i >= rate * the seconds that candidate adds to the verification.
 
 Its inputs are this call's own history, never this round's verification, so every round's length stays a stopping
 time and the output stays exactly the target's:
@@ -23,7 +23,9 @@ Verification is priced apart from a plain step because machines differ there mos
 matrix units, verifying a few candidates costs about one step; on a CPU without them it costs about two.
 
 The draft is lazy: it starts only when a round is worth drafting and the gain over the rest of the call repays the
-forward that catches its cache up (the whole prompt the first time).
+forward that catches its cache up (the whole prompt the first time), and not before the call's first rounds have
+shown what copying and plain steps achieve ([`RoundPlanner._repays`]). Rounds without the draft move its estimates
+back towards the prior, so one poor draft round does not end drafting for the rest of a call.
 """
 
 import weakref
