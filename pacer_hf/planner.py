@@ -214,11 +214,12 @@ class CallCosts:
         return anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)
 
     def verify_marginal(self, candidates: int) -> float:
-        """Seconds the `candidates`-th candidate adds to a verification of the ones before it (for the first, the
-        short line's slope: what one candidate more costs, not the jump from a plain step)."""
-        if candidates <= 1:
+        """Seconds the `candidates`-th candidate adds to a verification of the ones before it: the slope of the line
+        `target(n)` follows there (for the first, the short line's: what one candidate more costs, not the jump from a
+        plain step)."""
+        if candidates <= SHORT_VERIFY:
             return self._verify.coefficients()[1]
-        return max(self.target(candidates) - self.target(candidates - 1), 0.0)
+        return self._verify_long.slope(self._verify.seconds(SHORT_VERIFY))
 
     def draft(self, fed_tokens: int = 1) -> float:
         """Seconds of a draft forward that feeds `fed_tokens`."""
