@@ -95,6 +95,8 @@ MAX_COPY_TOKENS = 64
 # and the call has spent at least the catch-up's time without the draft (ski rental: rent until the rent paid equals
 # the price, then buy; never more than twice the better choice's time): the draft's prior is optimistic, and a text
 # that copies well (a summary, code) must not pay the draft's catch-up of a long prompt before its first copies show it.
+# A catch-up cheaper than one plain step is bought at once (ski rental where the price is below a day's rent): on short
+# prompts (translation, extraction, qa) the answers are short too, and rounds without the draft are a large share there.
 RECENT_RATE_DECAY = 0.7
 ROUNDS_BEFORE_DRAFT = 2
 
@@ -412,9 +414,10 @@ class RoundPlanner:
     def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
         the call's budget at its rate instead of the other options' (or of the recent rounds', if faster), against
-        that forward's extra time. Not before `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent the
-        catch-up's time in them."""
-        if self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up:
+        that forward's extra time. A catch-up dearer than a plain step (a long prompt) waits until
+        `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent its time in them; a cheaper one (a short prompt)
+        can be bought at once."""
+        if catch_up > self.costs.step() and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)

@@ -260,6 +260,18 @@ def test_a_call_that_only_copies_never_runs_the_draft():
     assert stats.round_kinds.get("copy", 0) > 0 and calls == []
 
 
+def test_the_first_round_copies_nothing_from_the_prompt():
+    """The prompt's end (a chat template's answer header) recurs earlier only before other turns: the first round
+    drafts or steps, and copies start once the answer has."""
+    target, draft = _pair("qwen2", "same")
+    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    head = make_head(draft, "always", block_size=1, max_draft=8)
+    out, stats = _generate(target, draft, head, PhrasePool(), scripted_rounds(kinds=("copy",)), input_ids=prompt,
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    assert stats.plans[0].kind == "step" and stats.round_kinds.get("copy", 0) > 0
+
+
 # ---- the API --------------------------------------------------------------------------------------------------
 
 

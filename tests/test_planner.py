@@ -126,6 +126,8 @@ def test_the_draft_is_chosen_when_its_rounds_pay_and_dropped_when_they_stop_payi
 def test_the_lazy_draft_starts_only_when_the_rest_of_the_call_repays_its_catch_up():
     planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
     _drafting(planner, accepted=3)
+    # a 100-token prompt: a 0.2 s catch-up, cheaper than a plain step, bought at once
+    assert planner.plan([], room=100, draft_room=8, draft_missing=100, draft_started=False).kind == "draft"
     # a 200-token prompt: a 0.4 s catch-up, repaid over 128 tokens, but not before two rounds were timed
     assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
     for _ in range(2):
