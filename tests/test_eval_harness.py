@@ -115,6 +115,32 @@ def test_metrics_on_a_hand_checked_case():
     assert "1 prompt(s) not finished by every method left out" in markdown_table(result)
 
 
+def test_repeated_runs_count_once_per_prompt_with_their_median_wall_time():
+    environment = {"mode": "greedy", "methods": ["autoregressive", "fast"], "repeat": 3}
+    tokens = list(range(10))
+
+    def run(method, wall, calls, forwards, lengths, out=tokens):
+        return {"set": "s", "prompt_id": "a", "method": method, "tokens": out, "wall_s": wall,
+                "target_calls": calls, "draft_forwards": forwards, "draft_lengths": lengths}
+
+    records = [run("autoregressive", wall, 10, 0, []) for wall in (1.0, 3.0, 1.2)]
+    records += [run("fast", 0.5, 4, 8, [2, 2, 2, 2]), run("fast", 0.4, 5, 7, [3, 2, 2, 0, 0]),
+                run("fast", 2.0, 3, 9, [3, 3, 3])]
+    fast = summarize(environment, records, quality=False)["summary"]["s"]["fast"]
+    assert fast["prompts"] == 1
+    assert fast["tokens_per_s_mean"] == pytest.approx(10 / 0.5)  # median of 0.5, 0.4 and 2.0 s
+    assert fast["speedup"] == pytest.approx(1.2 / 0.5)  # against the autoregressive median, 1.2 s
+    assert fast["target_calls"] == pytest.approx(4) and fast["draft_forwards"] == pytest.approx(8)  # means
+    assert fast["draft_length_histogram"] == {0: 2, 2: 6, 3: 4}  # every run's rounds
+    assert fast["equal_to_autoregressive"] == 1
+
+    # A repeat whose tokens differ from the others' is not counted equal, whichever run the others match.
+    records[-1] = run("fast", 2.0, 3, 9, [3, 3, 3], out=tokens[:9] + [0])
+    assert summarize(environment, records, quality=False)["summary"]["s"]["fast"]["equal_to_autoregressive"] == 0
+    # A prompt with a repeat missing (an interrupted run) is left out.
+    assert summarize(environment, records[:-1], quality=False)["left_out"] == [["s", "a"]]
+
+
 def test_humaneval_pass_at_1_runs_tests_in_a_subprocess():
     from pacer_hf.bench.quality import humaneval_pass_at_1
 
@@ -168,6 +194,36 @@ def test_an_interrupted_bench_resumes_without_losing_or_mixing_records(tmp_path)
         (p, m) for p in ("1", "2", "3") for m in ("autoregressive", "fixed-k2")
     ]
     assert all(r["wall_s"] > 0 for r in records)  # the cut-short record was dropped and redone
+
+
+def test_bench_repeats_each_method_in_alternating_order_and_resumes_only_with_the_same_repeat(tmp_path):
+    import json
+
+    from pacer_hf.bench.report import load_records
+    from pacer_hf.bench.run import run
+
+    prompts = str(tmp_path / "prompts.txt")
+    with pytest.raises(SystemExit):  # argparse: --repeat 0 is refused
+        _bench_args(tmp_path, "--prompts", f"{prompts}:0:1", "--repeat", "0")
+    out = run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:2", "--repeat", "2"))
+    environment, records = load_records(out)
+    assert environment["repeat"] == 2
+    order = [(r["prompt_id"], r["repeat"], r["method"]) for r in records]
+    assert order == [("1", 0, "autoregressive"), ("1", 0, "fixed-k2"), ("1", 1, "fixed-k2"), ("1", 1, "autoregressive"),
+                     ("2", 0, "fixed-k2"), ("2", 0, "autoregressive"), ("2", 1, "autoregressive"), ("2", 1, "fixed-k2")]
+    with pytest.raises(ValueError, match="repeat: 2 there, None now"):  # a plain run must not join a repeated one
+        run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:3", "--resume"))
+
+    # Cut short inside prompt 3's second repeat: that prompt is redone whole.
+    lines = out.read_text().splitlines()
+    cut = [json.dumps(dict(json.loads(line), prompt_id="3", wall_s=-1.0)) for line in lines[1:4]]
+    out.write_text("\n".join(lines + cut) + "\n")
+    run(_bench_args(tmp_path, "--prompts", f"{prompts}:0:3", "--repeat", "2", "--resume"))
+    _, records = load_records(out)
+    assert sorted((r["prompt_id"], r["repeat"], r["method"]) for r in records) == [
+        (p, k, m) for p in ("1", "2", "3") for k in (0, 1) for m in ("autoregressive", "fixed-k2")
+    ]
+    assert all(r["wall_s"] > 0 for r in records)
 
 
 def test_bench_runs_a_head_at_extra_thresholds_and_refuses_to_resume_with_a_changed_head(tmp_path):

@@ -53,7 +53,7 @@ def fit(records: list[dict]) -> dict:
 
 
 def breakdown(environment: dict, records: list[dict]) -> dict:
-    finished = finished_prompts(environment["methods"], records)
+    finished = finished_prompts(environment, records)
     records = [r for r in records if (r["set"], r["prompt_id"]) in finished]
     by_set: dict[str, list[dict]] = defaultdict(list)
     for record in records:

@@ -362,7 +362,7 @@ def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | Non
             sources: bool = True) -> list[dict]:
     """Per prompt: its records and the look-up rules replayed on y; with `sources`, also the draft's agreement and
     copy availability along y (what the oracles need; a run read only for its costs does without)."""
-    finished = finished_prompts(env["methods"], records)
+    finished = finished_prompts(env, records)
     by_prompt = defaultdict(dict)
     for record in records:
         if (record["set"], record["prompt_id"]) in finished:

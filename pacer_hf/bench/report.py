@@ -7,6 +7,8 @@ Per method and prompt set: new tokens/s (mean and median over prompts), speed-up
 (tau), draft forwards per accepted draft token, target calls and draft forwards, in greedy mode the number of
 prompts whose token ids equal the autoregressive ones (a length mismatch is a mismatch), and HumanEval pass@1.
 A prompt that not every method finished (an interrupted run) is left out of every figure and listed in `left_out`.
+A run with `--repeat N` counts each (prompt, method) once: the median of its N wall times, the mean of its counts
+([`collapse_repeats`]).
 """
 
 import argparse
@@ -26,19 +28,47 @@ def load_records(path: Path) -> tuple[dict, list[dict]]:
     return lines[0]["environment"], lines[1:]
 
 
-def finished_prompts(methods: list[str], records: list[dict]) -> set[tuple[str, str]]:
-    """The `(set, prompt_id)` keys that every one of `methods` finished; an interrupted run leaves one prompt short."""
-    methods_of: dict[tuple[str, str], set[str]] = defaultdict(set)
+def finished_prompts(environment: dict, records: list[dict]) -> set[tuple[str, str]]:
+    """The `(set, prompt_id)` keys that every method of the run finished, as many times as it repeats them; an
+    interrupted run leaves one prompt short."""
+    runs: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for record in records:
-        methods_of[(record["set"], record["prompt_id"])].add(record["method"])
-    return {key for key, done in methods_of.items() if done >= set(methods)}
+        runs[(record["set"], record["prompt_id"])][record["method"]] += 1
+    repeat = environment.get("repeat", 1)
+    return {key for key, done in runs.items() if all(done[m] >= repeat for m in environment["methods"])}
+
+
+def collapse_repeats(records: list[dict]) -> list[dict]:
+    """One record per (set, prompt, method): a method that ran N times on a prompt (`--repeat N`) gets the median of
+    its wall times (this machine's speed moves between runs; the median of a few is robust to one slow one and, unlike
+    the fastest, does not favour a method whose choices vary with timings), the mean of its target calls and draft
+    forwards, every run's draft lengths, and the first run's tokens and text, with `repeats_agree` false where the
+    runs' tokens differ (a greedy run is then not counted equal to autoregressive decoding)."""
+    runs: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for record in records:
+        runs[(record["set"], record["prompt_id"], record["method"])].append(record)
+    collapsed = []
+    for group in runs.values():
+        first = group[0]
+        if len(group) == 1:
+            collapsed.append(first)
+            continue
+        collapsed.append({
+            **first,
+            "wall_s": statistics.median(r["wall_s"] for r in group),
+            "target_calls": statistics.mean(r["target_calls"] for r in group),
+            "draft_forwards": statistics.mean(r["draft_forwards"] for r in group),
+            "draft_lengths": [n for r in group for n in r["draft_lengths"]],
+            "repeats_agree": all(r["tokens"] == first["tokens"] for r in group),
+        })
+    return collapsed
 
 
 def summarize(environment: dict, records: list[dict], quality: bool = True) -> dict:
     # Every figure compares methods on the same prompts, so a prompt that not every method finished is left out.
-    finished = finished_prompts(environment["methods"], records)
+    finished = finished_prompts(environment, records)
     left_out = sorted({(r["set"], r["prompt_id"]) for r in records} - finished)
-    records = [r for r in records if (r["set"], r["prompt_id"]) in finished]
+    records = collapse_repeats([r for r in records if (r["set"], r["prompt_id"]) in finished])
     by_key: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         by_key[(record["set"], record["method"])].append(record)
@@ -63,7 +93,8 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             "draft_length_histogram": dict(sorted(Counter(n for r in rows for n in r["draft_lengths"]).items())),
         }
         if greedy:
-            entry["equal_to_autoregressive"] = sum(r["tokens"] == reference.get((set_name, r["prompt_id"])) for r in rows)
+            entry["equal_to_autoregressive"] = sum(r["tokens"] == reference.get((set_name, r["prompt_id"]))
+                                                   and r.get("repeats_agree", True) for r in rows)
         if quality and set_name == "humaneval" and "text" in rows[0]:
             entry["pass@1"] = humaneval_pass_at_1([r["text"] for r in rows], [r["meta"] for r in rows])["pass@1"]
         summary[set_name][method] = entry
@@ -116,6 +147,7 @@ def markdown_table(result: dict) -> str:
         f"Pair `{env['pair']}`, {env['dtype']}, {env['mode']}, {env['max_new_tokens']} new tokens, "
         f"{env['threads']} threads, transformers {env['transformers']}, torch {env['torch']}"
         + (f"; run in {1 + len(env['resumed'])} sittings (`--resume`)" if env.get("resumed") else "")
+        + (f"; each method {env['repeat']} times per prompt, median wall time" if env.get("repeat", 1) > 1 else "")
         + (f"; {len(result['left_out'])} prompt(s) not finished by every method left out" if result.get("left_out")
            else ""),
         "",

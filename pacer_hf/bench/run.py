@@ -5,7 +5,9 @@
 
 For each prompt the methods run in a rotating order (so no method always runs first, after the same one, or on a
 warmer cache); one short warm-up generation per method is excluded. `<out>.jsonl` gets one line per (prompt,
-method), then `pacer_hf.bench.report` derives every figure from those records alone. An interrupted run continues with the
+method), then `pacer_hf.bench.report` derives every figure from those records alone. On a machine whose speed moves
+between runs (a shared CPU), `--repeat N` runs the methods N times per prompt, in the reverse order every other time,
+and the report takes each one's median wall time. An interrupted run continues with the
 same command and `--resume` (which may also add prompts); the records keep when each sitting started.
 """
 
@@ -62,6 +64,7 @@ def environment(args: argparse.Namespace, head: PacerHead | None = None,
         "entropy_threshold": args.entropy_threshold, "seed": args.seed,
         # Only when set, so that records from before the option still resume.
         **({"prepack_linear_weights": True} if args.prepack else {}),
+        **({"repeat": args.repeat} if args.repeat > 1 else {}),
         **({"device": args.device, "gpu": torch.cuda.get_device_name(args.device if args.device != "auto" else 0)}
            if args.device != "cpu" and torch.cuda.is_available() else {}),
         "cpu_flags": _cpu_flags(),
@@ -91,7 +94,7 @@ def _start_records(out: Path, env: dict, resume: bool) -> set[tuple[str, str]]:
             + ", ".join(f"{k}: {previous.get(k)!r} there, {env.get(k)!r} now" for k in changed)
             + "). Use the same settings, or another `--out`."
         )
-    done = finished_prompts(env["methods"], records)
+    done = finished_prompts(env, records)
     env = {**previous, "prompts": env["prompts"], "resumed": previous.get("resumed", []) + [env["started"]]}
     kept = [json.dumps({"environment": env})] + [json.dumps(r) for r in records if (r["set"], r["prompt_id"]) in done]
     # Rewritten beside and renamed over, so an interruption here leaves the old file whole.
@@ -150,16 +153,24 @@ def run(args: argparse.Namespace) -> Path:
                 continue
             ids = encode(prompt.text)
             order = names[index % len(names):] + names[: index % len(names)]
-            for name in order:
-                torch.manual_seed(args.seed + index)  # sampling: each method draws from the same seed per prompt
-                record = methods[name](pair, ids)
-                row = {"set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": ids.shape[1],
-                       **record.to_json(), "meta": prompt.meta}
-                if tokenizer is not None:
-                    row["text"] = tokenizer.decode(record.tokens, skip_special_tokens=True)
-                file.write(json.dumps(row) + "\n")
-                file.flush()
+            for repeat in range(args.repeat):
+                for name in order if repeat % 2 == 0 else order[::-1]:
+                    torch.manual_seed(args.seed + index)  # sampling: each method draws from the same seed per prompt
+                    record = methods[name](pair, ids)
+                    row = {"set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": ids.shape[1],
+                           **({"repeat": repeat} if args.repeat > 1 else {}), **record.to_json(), "meta": prompt.meta}
+                    if tokenizer is not None:
+                        row["text"] = tokenizer.decode(record.tokens, skip_special_tokens=True)
+                    file.write(json.dumps(row) + "\n")
+                    file.flush()
     return out
+
+
+def _at_least_one(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {number}")
+    return number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entropy-threshold", type=float, default=entropy,
                         help=f"nats; choose it on a separate split (default: {entropy})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=_at_least_one, default=1,
+                        help="run every method this many times per prompt; the report takes each one's median wall "
+                             "time (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("eval/results/run"))
     parser.add_argument("--resume", action="store_true",
                         help="continue the records in OUT.jsonl: finished prompts are kept, a cut-short one is redone; "
