@@ -133,6 +133,12 @@ def test_repeated_runs_count_once_per_prompt_with_their_median_wall_time():
     assert fast["target_calls"] == pytest.approx(4) and fast["draft_forwards"] == pytest.approx(8)  # means
     assert fast["draft_length_histogram"] == {0: 2, 2: 6, 3: 4}  # every run's rounds
     assert fast["equal_to_autoregressive"] == 1
+    assert fast["wall_spread_median"] == pytest.approx((2.0 - 0.4) / 0.5)
+    table = markdown_table({"environment": environment | {"pair": "p", "dtype": "float32", "max_new_tokens": 10,
+                            "threads": 2, "transformers": "x", "torch": "y"},
+                            "summary": summarize(environment, records, quality=False)["summary"]})
+    assert "each method 3 times per prompt, median wall time" in table
+    assert "| s | 1.67 | 3.20 |" in table  # the spread: autoregressive (3.0 - 1.0) / 1.2, fast (2.0 - 0.4) / 0.5
 
     # A repeat whose tokens differ from the others' is not counted equal, whichever run the others match.
     records[-1] = run("fast", 2.0, 3, 9, [3, 3, 3], out=tokens[:9] + [0])

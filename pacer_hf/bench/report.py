@@ -43,7 +43,8 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
     its wall times (this machine's speed moves between runs; the median of a few is robust to one slow one and, unlike
     the fastest, does not favour a method whose choices vary with timings), the mean of its target calls and draft
     forwards, every run's draft lengths, and the first run's tokens and text, with `repeats_agree` false where the
-    runs' tokens differ (a greedy run is then not counted equal to autoregressive decoding)."""
+    runs' tokens differ (a greedy run is then not counted equal to autoregressive decoding); `wall_spread` is how far
+    its runs lie apart, (slowest - fastest) / median."""
     runs: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for record in records:
         runs[(record["set"], record["prompt_id"], record["method"])].append(record)
@@ -53,13 +54,15 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
         if len(group) == 1:
             collapsed.append(first)
             continue
+        walls = [r["wall_s"] for r in group]
         collapsed.append({
             **first,
-            "wall_s": statistics.median(r["wall_s"] for r in group),
+            "wall_s": statistics.median(walls),
             "target_calls": statistics.mean(r["target_calls"] for r in group),
             "draft_forwards": statistics.mean(r["draft_forwards"] for r in group),
             "draft_lengths": [n for r in group for n in r["draft_lengths"]],
             "repeats_agree": all(r["tokens"] == first["tokens"] for r in group),
+            "wall_spread": (max(walls) - min(walls)) / statistics.median(walls),
         })
     return collapsed
 
@@ -92,6 +95,8 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             "draft_forwards": draft_forwards,
             "draft_length_histogram": dict(sorted(Counter(n for r in rows for n in r["draft_lengths"]).items())),
         }
+        if "wall_spread" in rows[0]:
+            entry["wall_spread_median"] = statistics.median(r["wall_spread"] for r in rows)
         if greedy:
             entry["equal_to_autoregressive"] = sum(r["tokens"] == reference.get((set_name, r["prompt_id"]))
                                                    and r.get("repeats_agree", True) for r in rows)
@@ -165,6 +170,7 @@ def markdown_table(result: dict) -> str:
                 f"| {set_name} | {method} | {e['tokens_per_s_mean']:.2f} | {e['speedup']:.2f}x | "
                 f"{e['speedup_median']:.2f}x | {e['tau']:.2f} | {drafted} | {equal} | {quality} |"
             )
+    lines += _spread_table(result["summary"])
     comparison = result.get("against_stock")
     if comparison:
         ours = list(comparison["geomean_vs_best_single_stock"])
@@ -181,6 +187,19 @@ def markdown_table(result: dict) -> str:
                      + " | ".join(f"{geomean[m]:.2f}x ({comparison['geomean_vs_best_single_stock'][m]:.3f})"
                                   for m in ours) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _spread_table(summary: dict[str, dict[str, dict]]) -> list[str]:
+    """With `--repeat`: how far each method's runs of one prompt lay apart (the machine's noise), per set."""
+    methods = [m for m in next(iter(summary.values()), {}) if all("wall_spread_median" in summary[s].get(m, {})
+                                                                  for s in summary)]
+    if not methods:
+        return []
+    lines = ["", "Spread of the repeated runs of one prompt, (slowest - fastest) / median wall time, median over the "
+             "set's prompts:", "", "| prompt set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for set_name, entries in summary.items():
+        lines.append(f"| {set_name} | " + " | ".join(f"{entries[m]['wall_spread_median']:.2f}" for m in methods) + " |")
+    return lines
 
 
 def plot(result: dict, out: Path) -> list[Path]:
