@@ -334,6 +334,22 @@ def test_the_report_compares_each_method_with_the_best_stock_method_per_set_and_
     assert "oracle" not in result["geomean_speedup"]
 
 
+def test_a_repeated_run_also_compares_each_run_alone_with_the_stock_methods():
+    environment = {"mode": "greedy", "methods": ["autoregressive", "prompt-lookup-k10", "entropy+phrases"],
+                   "repeat": 2, "pair": "p", "dtype": "float32", "max_new_tokens": 4, "threads": 2,
+                   "transformers": "x", "torch": "y"}
+    walls = {0: {"autoregressive": 2.0, "prompt-lookup-k10": 1.0, "entropy+phrases": 0.8},
+             1: {"autoregressive": 2.0, "prompt-lookup-k10": 0.5, "entropy+phrases": 1.0}}
+    records = [{"set": "s", "prompt_id": "a", "repeat": k, "method": m, "tokens": [1, 2, 3, 4], "wall_s": wall,
+                "target_calls": 2, "draft_forwards": 0, "draft_lengths": []}
+               for k, by_method in walls.items() for m, wall in by_method.items()]
+    result = summarize(environment, records, quality=False)
+    runs = [run["per_set"]["s"]["entropy+phrases"] for run in result["against_stock_single_runs"]]
+    assert runs == [pytest.approx(2.5 / 2.0), pytest.approx(1.0 / 2.0)]  # each run: ours over prompt lookup
+    assert result["against_stock"]["per_set"]["s"]["entropy+phrases"] == pytest.approx(0.75 / 0.9)  # the medians
+    assert "| s | 1.250, 0.500 |" in markdown_table(result)
+
+
 def test_bench_without_its_extra_names_the_extra(monkeypatch, capsys):
     import sys
 

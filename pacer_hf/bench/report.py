@@ -71,7 +71,12 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
     # Every figure compares methods on the same prompts, so a prompt that not every method finished is left out.
     finished = finished_prompts(environment, records)
     left_out = sorted({(r["set"], r["prompt_id"]) for r in records} - finished)
-    records = collapse_repeats([r for r in records if (r["set"], r["prompt_id"]) in finished])
+    records = [r for r in records if (r["set"], r["prompt_id"]) in finished]
+    repeat = environment.get("repeat", 1)
+    # With `--repeat`, also each run alone against the stock methods: how far one run's verdict can move.
+    single_runs = [summarize({**environment, "repeat": 1}, [r for r in records if r.get("repeat") == k],
+                             quality=False)["against_stock"] for k in range(repeat)] if repeat > 1 else []
+    records = collapse_repeats(records)
     by_key: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         by_key[(record["set"], record["method"])].append(record)
@@ -113,6 +118,7 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
                 len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
             )
     return {"environment": environment, "summary": summary, "against_stock": against_stock(summary),
+            **({"against_stock_single_runs": single_runs} if single_runs else {}),
             "left_out": [list(key) for key in left_out]}
 
 
@@ -186,7 +192,23 @@ def markdown_table(result: dict) -> str:
                      f"{geomean[comparison['best_single_stock']]:.2f}x | "
                      + " | ".join(f"{geomean[m]:.2f}x ({comparison['geomean_vs_best_single_stock'][m]:.3f})"
                                   for m in ours) + " |")
+        lines += _single_runs_table(comparison, result.get("against_stock_single_runs", []))
     return "\n".join(lines) + "\n"
+
+
+def _single_runs_table(comparison: dict, single_runs: list[dict]) -> list[str]:
+    """With `--repeat`: the comparison with the best stock method in each run alone, per set (run 1, 2, ...)."""
+    if not single_runs:
+        return []
+    ours = list(comparison["geomean_vs_best_single_stock"])
+    lines = ["", "The same ratios in each run alone (the repeats' records taken one at a time; a run's best stock "
+             "method can differ):", "", "| prompt set | " + " | ".join(ours) + " |", "|---|" + "---|" * len(ours)]
+    for set_name in comparison["per_set"]:
+        lines.append(f"| {set_name} | " + " | ".join(", ".join(f"{run['per_set'][set_name][m]:.3f}" for run in single_runs)
+                                                    for m in ours) + " |")
+    lines.append("| geometric mean, over the best single stock method | " + " | ".join(
+        ", ".join(f"{run['geomean_vs_best_single_stock'][m]:.3f}" for run in single_runs) for m in ours) + " |")
+    return lines
 
 
 def _spread_table(summary: dict[str, dict[str, dict]]) -> list[str]:
