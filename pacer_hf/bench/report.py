@@ -204,8 +204,8 @@ def _single_runs_table(comparison: dict, single_runs: list[dict]) -> list[str]:
     lines = ["", "The same ratios in each run alone (the repeats' records taken one at a time; a run's best stock "
              "method can differ):", "", "| prompt set | " + " | ".join(ours) + " |", "|---|" + "---|" * len(ours)]
     for set_name in comparison["per_set"]:
-        lines.append(f"| {set_name} | " + " | ".join(", ".join(f"{run['per_set'][set_name][m]:.3f}" for run in single_runs)
-                                                    for m in ours) + " |")
+        cells = [", ".join(f"{run['per_set'][set_name][m]:.3f}" for run in single_runs) for m in ours]
+        lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
     lines.append("| geometric mean, over the best single stock method | " + " | ".join(
         ", ".join(f"{run['geomean_vs_best_single_stock'][m]:.3f}" for run in single_runs) for m in ours) + " |")
     return lines
