@@ -55,14 +55,15 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
             collapsed.append(first)
             continue
         walls = [r["wall_s"] for r in group]
+        median = statistics.median(walls)
         collapsed.append({
             **first,
-            "wall_s": statistics.median(walls),
+            "wall_s": median,
             "target_calls": statistics.mean(r["target_calls"] for r in group),
             "draft_forwards": statistics.mean(r["draft_forwards"] for r in group),
             "draft_lengths": [n for r in group for n in r["draft_lengths"]],
             "repeats_agree": all(r["tokens"] == first["tokens"] for r in group),
-            "wall_spread": (max(walls) - min(walls)) / statistics.median(walls),
+            "wall_spread": (max(walls) - min(walls)) / median,
         })
     return collapsed
 
