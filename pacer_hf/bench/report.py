@@ -123,7 +123,7 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
             "left_out": [list(key) for key in left_out]}
 
 
-def _is_stock(method: str) -> bool:
+def is_stock(method: str) -> bool:
     """transformers' own methods: its draft-model schedules and its prompt lookup."""
     return method.startswith(STOCK_PREFIXES) or method in ("heuristic", "confidence")
 
@@ -137,9 +137,9 @@ def against_stock(summary: dict[str, dict[str, dict]]) -> dict:
     geometric mean of the best *single* stock method (the one setting a user would otherwise pick for everything)."""
     sets = list(summary)
     common = set.intersection(*(set(summary[s]) for s in sets)) if sets else set()
-    stock = sorted(m for m in common if _is_stock(m))
+    stock = sorted(m for m in common if is_stock(m))
     ours = [m for m in (summary[sets[0]] if sets else {}) if m in common and m != "autoregressive"
-            and not _is_stock(m) and m != "oracle"]
+            and not is_stock(m) and m != "oracle"]
     if not stock or not ours:
         return {}
     geomean = {m: math.exp(statistics.mean(math.log(summary[s][m]["speedup"]) for s in sets)) for m in stock + ours}
