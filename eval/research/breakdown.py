@@ -19,10 +19,10 @@ what that model leaves unexplained, a cost or a saving. Then, against the oracle
 first rejection), each method's extra seconds per prompt split into extra target calls (stopping too
 early), extra draft forwards (drafting too far) and its rest; and each of pacer-hf's methods against the set's best
 stock method (transformers' own, by the report's speed-up), split the same way plus the draft's prefill, with what its
-planned rounds did (copy rounds, plain steps, copied tokens sent and accepted: look-up misses). The rest is a residual of the fit, not a measured
-cost; beside it, "head (measured)" is the stop rule's own time as `generate()` measured it (`head_s` of the
-records of methods in pacer-hf's draft loop; "-" where a method's records lack it). Only prompts every method
-finished are used.
+planned rounds did (copy rounds, plain steps, copied tokens sent and accepted: look-up misses). The rest is a
+residual of the fit, not a measured cost; beside it, "head (measured)" is the stop rule's own time as `generate()`
+measured it (`head_s` of the records of methods in pacer-hf's draft loop; "-" where a method's records lack it).
+Only prompts every method finished are used.
 Writes `<out>.json`, `<out>.md` and `<out>.png` (the modelled parts stacked, the measured time marked).
 """
 
@@ -47,7 +47,8 @@ def _draft_prefill_tokens(record: dict) -> float:
 
 
 def fit(records: list[dict]) -> dict:
-    """The least-squares `round_s`, `draft_s`, `draft_prefill_per_token_s` and per-prompt prefill of records of one prompt set."""
+    """The least-squares `round_s`, `draft_s`, `draft_prefill_per_token_s` and per-prompt prefill of records of one
+    prompt set."""
     prompts = sorted({r["prompt_id"] for r in records})
     column = {prompt: index for index, prompt in enumerate(prompts)}
     # The draft's prefill is told apart from the prompt's only by records of the same prompt without the draft.

@@ -50,6 +50,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 from pacer_hf import PhrasePool
 from pacer_hf.bench.report import finished_prompts, load_records
 from pacer_hf.models import PAIRS, load_model
+from pacer_hf.phrases import Phrase
 from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner
 from pacer_hf.prompts import chat_input_ids, load_prompt_set
 
@@ -170,9 +171,13 @@ class PlannedCopies(LookupRule):
         self.planner = RoundPlanner(call_costs, max_new_tokens)
         self._plan = None
 
+    def options(self, sequence: list[int]) -> list[Phrase]:
+        """The continuations a round may copy: the pool's copy options (`eval.research.copy_rules` offers others)."""
+        return self.pool.copy_options(sequence, MAX_COPY_TOKENS)
+
     def propose(self, sequence: list[int]) -> list[int]:
         self.pool.extend(sequence[self.pool.sequence_length :])
-        self._plan = self.planner.plan(self.pool.copy_options(sequence, MAX_COPY_TOKENS), MAX_COPY_TOKENS, 0, 0, False)
+        self._plan = self.planner.plan(self.options(sequence), MAX_COPY_TOKENS, 0, 0, False)
         return list(self._plan.copy.tokens[: self._plan.length]) if self._plan.kind == "copy" else []
 
     def observe(self, sent: int, accepted: int) -> None:
@@ -275,6 +280,14 @@ def predict(costs: StepCosts, prefill: float, calls: int, candidates: int) -> fl
     return prefill + costs.round_s * calls + costs.candidate_s * candidates
 
 
+def prefills_for(rows: list[dict], cost_rows: list[dict], constants: dict[tuple, float]) -> dict[tuple, float]:
+    """Each `(set, prompt)` constant of `rows` (decoded elsewhere) from the constants [`fit_costs`] found for
+    `cost_rows`: a line in the prompt's length."""
+    lengths = {(r["set"], r["prompt_id"]): r["prompt_tokens"] for r in cost_rows}
+    slope, offset = numpy.polyfit([lengths[k] for k in constants], list(constants.values()), 1)
+    return {(r["set"], r["prompt_id"]): slope * r["prompt_tokens"] + offset for r in rows}
+
+
 def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
     """Per prompt set: the fitted costs, every replayed look-up rule's and each oracle's predicted time, and the
     measured ones. Costs come from `rows`' own records or, given, from `cost_rows` (another run on the machine to
@@ -289,10 +302,7 @@ def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
         # Prompt lookup as it ran, priced by a fit that never saw it: the check of the fit.
         held_out = {m: fit_costs(rows, leave_out=m) for m in rows[0]["records"] if m.startswith("prompt-lookup-k")}
     else:
-        lengths = {(r["set"], r["prompt_id"]): r["prompt_tokens"] for r in cost_rows}
-        slope, offset = numpy.polyfit([lengths[k] for k in constants], list(constants.values()), 1)
-        prefill = {(r["set"], r["prompt_id"]): slope * r["prompt_tokens"] + offset for r in rows}
-        held_out = {}
+        prefill, held_out = prefills_for(rows, cost_rows, constants), {}
     result = {}
     for set_name in dict.fromkeys(row["set"] for row in rows):
         if set_name not in costs:
@@ -437,7 +447,8 @@ def write(result: dict, out: Path, records: Path, costs_from: Path | None) -> No
             f"{1000 * c['round_s']:.0f}, {1000 * c['candidate_s']:.1f}, {1000 * c['draft_s']:.0f}, "
             f"{1000 * c['draft_prefill_s']:.2f} |"
         )
-    rules = [name for name in next(iter(result.values()))["predicted"] if name.startswith(("prompt-lookup", "pool"))]
+    rules = [name for name in next(iter(result.values()))["predicted"]
+             if name.startswith("prompt-lookup") or name == POOL_REPLAY]
     lines += ["", "Look-up rules alone, replayed (predicted speed-up, and its ratio to the best prompt lookup):", "",
               "| rule | " + " | ".join(result) + " |", "|---|" + "---|" * len(result)]
     for name in rules:
