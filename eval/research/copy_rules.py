@@ -52,7 +52,7 @@ class CopyVariant(PlannedCopies):
         if self.offer == "furthest":
             return [p for p in (pool.lookup(sequence, MAX_COPY_TOKENS),) if p.tokens and p.source == "sequence"]
         options = super().options(sequence)
-        if self.offer == "latest":
+        if self.offer == "latest":  # reads the pool's index directly: a variant to judge, not an API to keep
             for n in KEY_LENGTHS:
                 starts = pool._positions.get(tuple(sequence[-n:])) if len(sequence) >= n else None
                 if starts:
