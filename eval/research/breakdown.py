@@ -36,9 +36,8 @@ import numpy as np
 
 from pacer_hf.bench.report import is_stock, against_stock, finished_prompts, load_records, summarize
 
-# The gaps to a reference method, and the planner's round counts of records that carry them (`phrases`).
+# The parts of a method's gap to a reference method.
 GAP_PARTS = ("wall_s", "calls_s", "drafts_s", "draft_prefill_s", "rest_s")
-PLANNED_PARTS = ("copy_rounds", "step_rounds", "draft_rounds", "copied", "copied_accepted")
 
 
 def _draft_prefill_tokens(record: dict) -> float:

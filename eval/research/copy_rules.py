@@ -13,15 +13,11 @@ Writes `<out>.json` and `<out>.md`.
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-import torch
-
 from eval.research.phrase_bound import (
-    PlannedCopies, StepCosts, collect, fit_costs, load_run, predict, prefills_for, replay_rounds,
+    PlannedCopies, StepCosts, fit_costs, load_rows, predict, prefills_for, replay_rounds, speedup,
 )
-from pacer_hf.models import PAIRS, load_model
 from pacer_hf.phrases import KEY_LENGTHS, Phrase
 from pacer_hf.planner import MAX_COPY_TOKENS, Plan
 
@@ -64,23 +60,17 @@ class CopyVariant(PlannedCopies):
                     break
         return options
 
-    def propose(self, sequence: list[int]) -> list[int]:
-        if self.fixed is not None:
-            self.pool.extend(sequence[self.pool.sequence_length :])
-            options = self.options(sequence)
-            self._plan = None
-            return list(options[0].tokens[: self.fixed]) if options else []
-        candidates = super().propose(sequence)
-        if self._plan.kind == "step" and not self.steps:
-            options = self.options(sequence)
-            if options:
-                length, expected = self.planner.copy_length(options[0])
-                self._plan = Plan("copy", 1 + expected, options[0], max(length, 1))
-                candidates = list(options[0].tokens[: self._plan.length])
-        return candidates
+    def choose(self, options: list[Phrase]) -> Plan:
+        if self.fixed is not None:  # the first option's first `fixed` tokens, as prompt lookup sends them
+            return Plan("copy", 0.0, options[0], self.fixed) if options else Plan("step", 1.0)
+        plan = super().choose(options)
+        if plan.kind == "step" and not self.steps and options:
+            length, expected = self.planner.copy_length(options[0])
+            plan = Plan("copy", 1 + expected, options[0], max(length, 1))
+        return plan
 
     def observe(self, sent: int, accepted: int) -> None:
-        if self._plan is not None:  # a fixed-length rule learns nothing
+        if self.fixed is None:  # a fixed-length rule learns nothing
             super().observe(sent, accepted)
 
 
@@ -101,7 +91,7 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
     speed-ups: mean tokens/s over mean tokens/s) and its ratio to the best prompt lookup."""
     result = {}
     for set_name in dict.fromkeys(row["set"] for row in rows):
-        c, predicted = costs[set_name], []
+        c, prompts = costs[set_name], []
         for row in (row for row in rows if row["set"] == set_name):
             key, n = (set_name, row["prompt_id"]), len(row["output"])
             seconds = {"autoregressive": prefill[key] + c.round_s * n}
@@ -109,12 +99,12 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
                                                             CopyVariant(row["prompt"], c, n, **settings))
                                         for name, settings in VARIANTS.items()}}
             seconds.update({name: predict(c, prefill[key], len(rounds), sum(rounds)) for name, rounds in rules.items()})
-            predicted.append((n, seconds))
-        base = statistics.mean(n / s["autoregressive"] for n, s in predicted)
-        speedup = {m: statistics.mean(n / s[m] for n, s in predicted) / base for m in predicted[0][1]}
-        best = max((m for m in speedup if m.startswith("prompt-lookup-k")), key=speedup.get)
-        result[set_name] = {"prompts": len(predicted), "best_prompt_lookup": best, "speedup": speedup,
-                            "over_best_prompt_lookup": {m: v / speedup[best] for m, v in speedup.items()}}
+            prompts.append({"new_tokens": n, "predicted": seconds})
+        rates = {m: speedup(prompts, lambda p, m=m: p["predicted"][m], lambda p: p["predicted"]["autoregressive"])
+                 for m in prompts[0]["predicted"]}
+        best = max((m for m in rates if m.startswith("prompt-lookup-k")), key=rates.get)
+        result[set_name] = {"prompts": len(prompts), "best_prompt_lookup": best, "speedup": rates,
+                            "over_best_prompt_lookup": {m: v / rates[best] for m, v in rates.items()}}
     return result
 
 
@@ -136,13 +126,7 @@ def main() -> None:
     parser.add_argument("--costs-from", type=Path, required=True, help="a full greedy run on the same prompt sets")
     parser.add_argument("--out", type=Path, default=Path("eval/results/copy-rules"))
     args = parser.parse_args()
-    env, records = load_run(args.records)
-    cost_env, cost_records = load_run(args.costs_from)
-    if (cost_env["pair"], cost_env["dtype"]) != (env["pair"], env["dtype"]):
-        raise ValueError("`--costs-from` must be a run of the same pair and dtype as the records.")
-    draft, tokenizer = load_model(PAIRS[env["pair"]][0], dtype=getattr(torch, env["dtype"]))  # tokenizer and eos
-    rows = collect(env, records, draft, tokenizer, sources=False)
-    cost_rows = collect(cost_env, cost_records, draft, tokenizer, sources=False)
+    rows, cost_rows = load_rows(args.records, args.costs_from, sources=False)
     costs, constants = fit_costs(cost_rows)
     result = compare(rows, costs, prefills_for(rows, cost_rows, constants))
     command = f"python -m eval.research.copy_rules {args.records} --costs-from {args.costs_from}"

@@ -51,7 +51,7 @@ from pacer_hf import PhrasePool
 from pacer_hf.bench.report import finished_prompts, load_records
 from pacer_hf.models import PAIRS, load_model
 from pacer_hf.phrases import Phrase
-from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner
+from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, Plan, RoundPlanner
 from pacer_hf.prompts import chat_input_ids, load_prompt_set
 
 # The oracles' rounds hold at most prompt-lookup-k20's candidates: verifies that long are in every run's records, so
@@ -175,9 +175,13 @@ class PlannedCopies(LookupRule):
         """The continuations a round may copy: the pool's copy options (`eval.research.copy_rules` offers others)."""
         return self.pool.copy_options(sequence, MAX_COPY_TOKENS)
 
+    def choose(self, options: list[Phrase]) -> Plan:
+        """The round's plan among `options`: the planner's (`eval.research.copy_rules` chooses otherwise)."""
+        return self.planner.plan(options, MAX_COPY_TOKENS, 0, 0, False)
+
     def propose(self, sequence: list[int]) -> list[int]:
         self.pool.extend(sequence[self.pool.sequence_length :])
-        self._plan = self.planner.plan(self.options(sequence), MAX_COPY_TOKENS, 0, 0, False)
+        self._plan = self.choose(self.options(sequence))
         return list(self._plan.copy.tokens[: self._plan.length]) if self._plan.kind == "copy" else []
 
     def observe(self, sent: int, accepted: int) -> None:
@@ -334,7 +338,7 @@ def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
     return result
 
 
-def _speedup(prompts: list[dict], seconds, base) -> float:
+def speedup(prompts: list[dict], seconds, base) -> float:
     """Ratio of mean tokens/s to that of `base` (autoregressive decoding), as `pacer_hf.bench.report` computes speed-ups."""
     rate = statistics.mean(p["new_tokens"] / seconds(p) for p in prompts)
     return rate / statistics.mean(p["new_tokens"] / base(p) for p in prompts)
@@ -343,11 +347,11 @@ def _speedup(prompts: list[dict], seconds, base) -> float:
 def _summary(prompts: list[dict]) -> dict:
     """Speed-ups over autoregressive decoding: measured ones over the measured, predicted ones over the predicted."""
     def over(kind: str) -> dict[str, float]:
-        return {m: _speedup(prompts, lambda p, m=m: p[kind][m], lambda p: p[kind]["autoregressive"])
+        return {m: speedup(prompts, lambda p, m=m: p[kind][m], lambda p: p[kind]["autoregressive"])
                 for m in prompts[0][kind]}
 
     measured, predicted = over("measured"), over("predicted")
-    checks = {m: _speedup(prompts, lambda p, m=m: p["held_out_check"][m], lambda p: p["measured"]["autoregressive"])
+    checks = {m: speedup(prompts, lambda p, m=m: p["held_out_check"][m], lambda p: p["measured"]["autoregressive"])
               for m in prompts[0]["held_out_check"]}
     lookups = [m for m in predicted if m.startswith("prompt-lookup-k")]
     best = max(lookups, key=lambda m: predicted[m])
@@ -406,6 +410,21 @@ def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | Non
             rows[-1].update(agrees=draft_agrees(draft, ids, output), copies=copy_available(ids, output),
                             runs=copy_runs(ids, output))
     return rows
+
+
+def load_rows(records: Path, costs_from: Path | None = None, per_set: int | None = None,
+              sources: bool = True) -> tuple[list[dict], list[dict] | None]:
+    """The rows ([`collect`]) of a greedy run's prompts and, given `costs_from`, of the run whose costs price them
+    (the same pair and dtype; its rows without sources)."""
+    env, run_records = load_run(records)
+    cost_run = load_run(costs_from) if costs_from else None
+    if cost_run and (cost_run[0]["pair"], cost_run[0]["dtype"]) != (env["pair"], env["dtype"]):
+        raise ValueError(f"`--costs-from` ran {cost_run[0]['pair']} in {cost_run[0]['dtype']}, the records "
+                         f"{env['pair']} in {env['dtype']}: price a run with the costs of the same pair and dtype.")
+    draft, tokenizer = load_model(PAIRS[env["pair"]][0], dtype=getattr(torch, env["dtype"]))
+    rows = collect(env, run_records, draft, tokenizer, per_set, sources=sources)
+    cost_rows = collect(*cost_run, draft, tokenizer, sources=False) if cost_run else None
+    return rows, cost_rows
 
 
 def write(result: dict, out: Path, records: Path, costs_from: Path | None) -> None:
@@ -473,14 +492,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("eval/results/phrase-bound"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    env, records = load_run(args.records)
-    cost_run = load_run(args.costs_from) if args.costs_from else None
-    if cost_run and (cost_run[0]["pair"], cost_run[0]["dtype"]) != (env["pair"], env["dtype"]):
-        raise ValueError(f"`--costs-from` ran {cost_run[0]['pair']} in {cost_run[0]['dtype']}, the records "
-                         f"{env['pair']} in {env['dtype']}: price a run with the costs of the same pair and dtype.")
-    draft, tokenizer = load_model(PAIRS[env["pair"]][0], dtype=getattr(torch, env["dtype"]))
-    rows = collect(env, records, draft, tokenizer, args.per_set)
-    cost_rows = collect(*cost_run, draft, tokenizer, sources=False) if cost_run else None
+    rows, cost_rows = load_rows(args.records, args.costs_from, args.per_set)
     write(analyse(rows, cost_rows), args.out, args.records, args.costs_from)
 
 
