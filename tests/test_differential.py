@@ -234,10 +234,11 @@ class _IgnoresStoppingCriteria:
 
 
 def test_the_random_test_catches_a_generator_that_ignores_stop_strings():
-    # Rounds whose choices do not read the clock (the paper's loop, the scripted planner's random copies, steps and
-    # drafts): the planner's timed choices on a loaded machine can step past every stop string in 40 examples, and a
-    # control that passes by chance would not show the test's power. The planner's own rounds are in the test above.
-    @settings(max_examples=40, database=None, phases=[Phase.generate], **_SETTINGS)
+    # A control must not pass or fail by chance: 40 random examples missed every catchable case in some CI runs. So
+    # Hypothesis draws from a fixed seed (derandomize), and only rounds whose choices do not read the clock (the
+    # paper's loop, the scripted planner's random copies, steps and drafts), so the same examples run every time. The
+    # planner's own rounds are in the test above.
+    @settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate], **_SETTINGS)
     @given(calls(force_stop=True, rounds=("draft", "scripted")))
     def broken(call):
         check_equal_to_plain(call, _IgnoresStoppingCriteria)
