@@ -40,6 +40,8 @@ def test_every_method_gives_the_autoregressive_greedy_output(pair):
     for name in ("pacer+phrases", "entropy+phrases"):  # the planner's rounds, recorded
         assert sum(records[name].phrases["round_kinds"].values()) == len(records[name].draft_lengths)
     assert records["pacer"].phrases is None
+    for name, record in records.items():  # the target's prefill is timed, once, inside the call
+        assert 0 < record.prefill_s < record.wall_s + record.excluded_s, name
 
 
 def test_pacer_at_other_thresholds_runs_the_same_head_with_other_stops(pair):
@@ -113,6 +115,32 @@ def test_metrics_on_a_hand_checked_case():
     result = summarize(environment, records + [cut], quality=False)
     assert result["summary"]["s"] == summary and result["left_out"] == [["s", "c"]]
     assert "1 prompt(s) not finished by every method left out" in markdown_table(result)
+
+
+def test_decode_speedups_leave_the_targets_prefill_out_and_need_it_in_every_record():
+    environment = {"mode": "greedy", "methods": ["autoregressive", "prompt-lookup-k10", "entropy+phrases"],
+                   "pair": "p", "dtype": "float32", "max_new_tokens": 11, "threads": 2, "transformers": "x",
+                   "torch": "y"}
+    # One prompt, a 4 s prefill: AR decodes 10 tokens after it in 2 s; prompt lookup in 1 s; ours ends 5 tokens early
+    # (a near-tie) after 0.5 s, slower per call than prompt lookup (6/4.5 against 11/5 tokens/s) and faster per
+    # decoded token (5/0.5 against 10/1).
+    runs = {"autoregressive": (11, 6.0), "prompt-lookup-k10": (11, 5.0), "entropy+phrases": (6, 4.5)}
+    records = [{"set": "s", "prompt_id": "a", "method": m, "tokens": list(range(n)), "wall_s": wall,
+                "prefill_s": 4.0, "target_calls": 2, "draft_forwards": 0, "draft_lengths": []}
+               for m, (n, wall) in runs.items()]
+    result = summarize(environment, records, quality=False)
+    ours = result["summary"]["s"]["entropy+phrases"]
+    assert ours["decode_tokens_per_s_mean"] == pytest.approx(10.0) and ours["prefill_s_mean"] == 4.0
+    assert ours["decode_speedup"] == pytest.approx(10.0 / 5.0)
+    assert result["against_stock"]["per_set"]["s"]["entropy+phrases"] == pytest.approx((6 / 4.5) / (11 / 5))
+    assert result["against_stock_decode"]["per_set"]["s"]["entropy+phrases"] == pytest.approx(1.0)
+    table = markdown_table(result)
+    assert "| s | entropy+phrases | 1.33 | 0.73x | 0.73x | 3.00 | 0.00 | 0/1 | - | 2.00x |" in table
+    assert "The same on decode time" in table
+    # Records written before the prefill was timed: no decode figures at all, the table as it was.
+    old = summarize(environment, [{k: v for k, v in r.items() if k != "prefill_s"} for r in records], quality=False)
+    assert "decode_speedup" not in old["summary"]["s"]["entropy+phrases"] and "against_stock_decode" not in old
+    assert "decode" not in markdown_table(old)
 
 
 def test_repeated_runs_count_once_per_prompt_with_their_median_wall_time():

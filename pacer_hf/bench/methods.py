@@ -32,6 +32,8 @@ class RunRecord:
         draft_forwards (`int`): draft forwards.
         draft_lengths (`list[int]`): draft forwards of each round (empty for autoregressive decoding).
         excluded_s (`float`): untimed work inside `generate()` (the oracle's probes), already subtracted.
+        prefill_s (`float`, *optional*): seconds of the target's first forward, its prefill of the prompt: the same work
+            for every method, which the report's decode speed-up leaves out (`None` in records written before it).
         head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
             `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
         phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
@@ -47,6 +49,7 @@ class RunRecord:
     draft_forwards: int
     draft_lengths: list[int] = field(default_factory=list)
     excluded_s: float = 0.0
+    prefill_s: float | None = None
     head_s: float | None = None
     phrases: dict | None = None
     stats: PacerStats | None = field(default=None, repr=False)
@@ -96,19 +99,33 @@ class Pair:
 
 
 class _ForwardLog:
-    """Records the order of target ("T") and draft ("D") forwards through forward pre-hooks."""
+    """Records the order of target ("T") and draft ("D") forwards through forward pre-hooks, and the seconds of the
+    target's first forward (`prefill_s`)."""
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module):
         self.events: list[str] = []
         self.paused = False
+        self.prefill_s: float | None = None
+        self._device = target.device
+        self._prefill_start: float | None = None
         self._handles = [
             target.register_forward_pre_hook(lambda *_: self._record("T")),
+            target.register_forward_hook(lambda *_: self._end_prefill()),
             draft.register_forward_pre_hook(lambda *_: self._record("D")),
         ]
 
     def _record(self, event: str) -> None:
-        if not self.paused:
-            self.events.append(event)
+        if self.paused:
+            return
+        if event == "T" and "T" not in self.events:
+            synchronize(self._device)  # once per call: the queued work before the prefill is not the prefill's
+            self._prefill_start = time.perf_counter()
+        self.events.append(event)
+
+    def _end_prefill(self) -> None:
+        if self._prefill_start is not None and self.prefill_s is None:
+            synchronize(self._device)
+            self.prefill_s = time.perf_counter() - self._prefill_start
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -168,6 +185,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         target_calls=log.events.count("T"),
         draft_forwards=log.events.count("D"),
         draft_lengths=log.draft_lengths() if "assistant_model" in generate_kwargs else [],
+        prefill_s=log.prefill_s,
         head_s=stats.head_time_s if stats is not None else None,
         phrases={
             "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,

@@ -62,10 +62,26 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
             "target_calls": statistics.mean(r["target_calls"] for r in group),
             "draft_forwards": statistics.mean(r["draft_forwards"] for r in group),
             "draft_lengths": [n for r in group for n in r["draft_lengths"]],
+            "prefill_s": _median_or_none([r.get("prefill_s") for r in group]),
             "repeats_agree": all(r["tokens"] == first["tokens"] for r in group),
             "wall_spread": (max(walls) - min(walls)) / median,
         })
     return collapsed
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    return None if None in values else statistics.median(values)
+
+
+def decode_rate(record: dict) -> float:
+    """New tokens after the first per second after the target's prefill (the call's first forward, which makes the
+    first token and is the same work for every method): the speed of decoding itself. Where outputs differ in length
+    (bfloat16 near-ties), the mean tokens/s of whole calls also moves with how much of a call the prefill is."""
+    return (len(record["tokens"]) - 1) / (record["wall_s"] - record["prefill_s"])
+
+
+def _has_decode_time(record: dict) -> bool:
+    return record.get("prefill_s") is not None and len(record["tokens"]) > 1 and record["wall_s"] > record["prefill_s"]
 
 
 def summarize(environment: dict, records: list[dict], quality: bool = True) -> dict:
@@ -113,12 +129,21 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
         base = methods["autoregressive"]
         base_rates = {r["prompt_id"]: len(r["tokens"]) / r["wall_s"]
                       for r in by_key[(set_name, "autoregressive")]}
+        # Decode speed-ups only where every record of the set has a decode time, so that all compare the same prompts.
+        timed = all(_has_decode_time(r) for method in methods for r in by_key[(set_name, method)])
+        base_decode = statistics.mean(map(decode_rate, by_key[(set_name, "autoregressive")])) if timed else None
         for method, entry in methods.items():
             entry["speedup"] = entry["tokens_per_s_mean"] / base["tokens_per_s_mean"]
             entry["speedup_median"] = statistics.median(
                 len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
             )
+            if timed:
+                entry["prefill_s_mean"] = statistics.mean(r["prefill_s"] for r in by_key[(set_name, method)])
+                entry["decode_tokens_per_s_mean"] = statistics.mean(map(decode_rate, by_key[(set_name, method)]))
+                entry["decode_speedup"] = entry["decode_tokens_per_s_mean"] / base_decode
+    decode = all("decode_speedup" in entry for methods in summary.values() for entry in methods.values())
     return {"environment": environment, "summary": summary, "against_stock": against_stock(summary),
+            **({"against_stock_decode": against_stock(summary, "decode_speedup")} if decode and summary else {}),
             **({"against_stock_single_runs": single_runs} if single_runs else {}),
             "left_out": [list(key) for key in left_out]}
 
@@ -131,10 +156,11 @@ def is_stock(method: str) -> bool:
 STOCK_PREFIXES = ("fixed-k", "prompt-lookup-k")
 
 
-def against_stock(summary: dict[str, dict[str, dict]]) -> dict:
-    """Each of pacer-hf's methods against what transformers already ships, from the speed-ups of `summary`: per set,
-    its ratio to that set's best stock method; over all sets, its geometric-mean speed-up and the ratio of that to the
-    geometric mean of the best *single* stock method (the one setting a user would otherwise pick for everything)."""
+def against_stock(summary: dict[str, dict[str, dict]], speedup: str = "speedup") -> dict:
+    """Each of pacer-hf's methods against what transformers already ships, from the speed-ups of `summary` (the
+    entries' `speedup`, or `"decode_speedup"`): per set, its ratio to that set's best stock method; over all sets, its
+    geometric-mean speed-up and the ratio of that to the geometric mean of the best *single* stock method (the one
+    setting a user would otherwise pick for everything)."""
     sets = list(summary)
     common = set.intersection(*(set(summary[s]) for s in sets)) if sets else set()
     stock = sorted(m for m in common if is_stock(m))
@@ -142,19 +168,20 @@ def against_stock(summary: dict[str, dict[str, dict]]) -> dict:
             and not is_stock(m) and m != "oracle"]
     if not stock or not ours:
         return {}
-    geomean = {m: math.exp(statistics.mean(math.log(summary[s][m]["speedup"]) for s in sets)) for m in stock + ours}
+    geomean = {m: math.exp(statistics.mean(math.log(summary[s][m][speedup]) for s in sets)) for m in stock + ours}
     best_single = max(stock, key=geomean.get)
     per_set = {}
     for s in sets:
-        best = max(stock, key=lambda m: summary[s][m]["speedup"])
-        per_set[s] = {"best_stock": best, "best_stock_speedup": summary[s][best]["speedup"],
-                      **{m: summary[s][m]["speedup"] / summary[s][best]["speedup"] for m in ours}}
+        best = max(stock, key=lambda m: summary[s][m][speedup])
+        per_set[s] = {"best_stock": best, "best_stock_speedup": summary[s][best][speedup],
+                      **{m: summary[s][m][speedup] / summary[s][best][speedup] for m in ours}}
     return {"per_set": per_set, "geomean_speedup": geomean, "best_single_stock": best_single,
             "geomean_vs_best_single_stock": {m: geomean[m] / geomean[best_single] for m in ours}}
 
 
 def markdown_table(result: dict) -> str:
     env = result["environment"]
+    decode = all("decode_speedup" in e for methods in result["summary"].values() for e in methods.values())
     lines = [
         f"Pair `{env['pair']}`, {env['dtype']}, {env['mode']}, {env['max_new_tokens']} new tokens, "
         f"{env['threads']} threads, transformers {env['transformers']}, torch {env['torch']}"
@@ -164,8 +191,8 @@ def markdown_table(result: dict) -> str:
            else ""),
         "",
         "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | draft forwards/accepted | "
-        "equal to AR | pass@1 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "equal to AR | pass@1 |" + (" speed-up (decode) |" if decode else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if decode else ""),
     ]
     for set_name, methods in result["summary"].items():
         for method, e in methods.items():
@@ -176,25 +203,34 @@ def markdown_table(result: dict) -> str:
             lines.append(
                 f"| {set_name} | {method} | {e['tokens_per_s_mean']:.2f} | {e['speedup']:.2f}x | "
                 f"{e['speedup_median']:.2f}x | {e['tau']:.2f} | {drafted} | {equal} | {quality} |"
+                + (f" {e['decode_speedup']:.2f}x |" if decode else "")
             )
     lines += _spread_table(result["summary"])
     comparison = result.get("against_stock")
     if comparison:
-        ours = list(comparison["geomean_vs_best_single_stock"])
-        lines += ["", "Against transformers' own methods: each method's speed-up over the set's best stock method's, and "
-                  f"over all sets the geometric mean (best single stock method: {comparison['best_single_stock']}).", "",
-                  "| prompt set | best stock method | its speed-up | " + " | ".join(ours) + " |",
-                  "|---|---|---|" + "---|" * len(ours)]
-        for set_name, row in comparison["per_set"].items():
-            lines.append(f"| {set_name} | {row['best_stock']} | {row['best_stock_speedup']:.2f}x | "
-                         + " | ".join(f"{row[m]:.3f}" for m in ours) + " |")
-        geomean = comparison["geomean_speedup"]
-        lines.append(f"| geometric mean | {comparison['best_single_stock']} | "
-                     f"{geomean[comparison['best_single_stock']]:.2f}x | "
-                     + " | ".join(f"{geomean[m]:.2f}x ({comparison['geomean_vs_best_single_stock'][m]:.3f})"
-                                  for m in ours) + " |")
+        lines += _comparison_table(comparison, "Against transformers' own methods: each method's speed-up over the "
+                                   "set's best stock method's, and over all sets the geometric mean")
         lines += _single_runs_table(comparison, result.get("against_stock_single_runs", []))
+    if result.get("against_stock_decode"):
+        lines += _comparison_table(result["against_stock_decode"], "The same on decode time: each call's time after "
+                                   "the target's prefill, the same work for every method")
     return "\n".join(lines) + "\n"
+
+
+def _comparison_table(comparison: dict, title: str) -> list[str]:
+    """Markdown lines of an [`against_stock`] comparison under `title`."""
+    ours = list(comparison["geomean_vs_best_single_stock"])
+    lines = ["", f"{title} (best single stock method: {comparison['best_single_stock']}).", "",
+             "| prompt set | best stock method | its speed-up | " + " | ".join(ours) + " |",
+             "|---|---|---|" + "---|" * len(ours)]
+    for set_name, row in comparison["per_set"].items():
+        lines.append(f"| {set_name} | {row['best_stock']} | {row['best_stock_speedup']:.2f}x | "
+                     + " | ".join(f"{row[m]:.3f}" for m in ours) + " |")
+    geomean, best = comparison["geomean_speedup"], comparison["best_single_stock"]
+    lines.append(f"| geometric mean | {best} | {geomean[best]:.2f}x | "
+                 + " | ".join(f"{geomean[m]:.2f}x ({comparison['geomean_vs_best_single_stock'][m]:.3f})"
+                              for m in ours) + " |")
+    return lines
 
 
 def _single_runs_table(comparison: dict, single_runs: list[dict]) -> list[str]:
