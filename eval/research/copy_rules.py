@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 from eval.research.phrase_bound import (
-    PlannedCopies, StepCosts, fit_costs, load_rows, predict, prefills_for, replay_rounds, speedup,
+    PlannedCopies, StepCosts, accepted_prefix, fit_costs, load_rows, predict, prefills_for, replay_rounds,
+    speedup,
 )
 from pacer_hf.phrases import KEY_LENGTHS, Phrase
 from pacer_hf.planner import COPY_PRIOR, MAX_COPY_TOKENS, CopyAcceptance, Plan, RoundPlanner, match_bucket
@@ -142,12 +143,8 @@ class CopyVariant(PlannedCopies):
         return super().propose(sequence)
 
     def _accepted(self, option: Phrase) -> int:
-        """How many of `option`'s first tokens the target would accept here (as `replay_rounds` counts them)."""
-        t, accepted = len(self._sequence) - self.prompt_length, 0
-        room = min(len(option.tokens), MAX_COPY_TOKENS, len(self.output) - t - 1)
-        while accepted < room and option.tokens[accepted] == self.output[t + accepted]:
-            accepted += 1
-        return accepted
+        """How many of `option`'s first tokens (at most a copy's) the target would accept here."""
+        return accepted_prefix(option.tokens[:MAX_COPY_TOKENS], self.output, len(self._sequence) - self.prompt_length)
 
     def options(self, sequence: list[int]) -> list[Phrase]:
         pool = self.pool

@@ -127,16 +127,22 @@ class LookupRule:
         pass
 
 
+def accepted_prefix(candidates: list[int], output: list[int], t: int) -> int:
+    """How many of a round's `candidates` from output position `t` greedy verification accepts: as far as they equal
+    `output`, and, as in `_assisted_decoding`, at most the tokens left but one (the target adds that one itself)."""
+    room, accepted = min(len(candidates), len(output) - t - 1), 0
+    while accepted < room and candidates[accepted] == output[t + accepted]:
+        accepted += 1
+    return accepted
+
+
 def replay_rounds(prompt: list[int], output: list[int], rule: LookupRule) -> list[int]:
     """The candidates of each round when a look-up rule decodes `output` greedily: the target accepts a round's
     candidates as far as they equal `output`, then adds its own token."""
     sequence, rounds, t = prompt + output, [], 0
     while t < len(output):
         candidates = rule.propose(sequence[: len(prompt) + t])
-        # As `_assisted_decoding`: at most the tokens left but one, which the target adds itself.
-        room, accepted = min(len(candidates), len(output) - t - 1), 0
-        while accepted < room and candidates[accepted] == output[t + accepted]:
-            accepted += 1
+        accepted = accepted_prefix(candidates, output, t)
         rule.observe(len(candidates), accepted)
         rounds.append(len(candidates))
         t += accepted + 1

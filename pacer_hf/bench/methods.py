@@ -117,7 +117,7 @@ class _ForwardLog:
     def _record(self, event: str) -> None:
         if self.paused:
             return
-        if event == "T" and "T" not in self.events:
+        if event == "T" and self._prefill_start is None:
             synchronize(self._device)  # once per call: the queued work before the prefill is not the prefill's
             self._prefill_start = time.perf_counter()
         self.events.append(event)
