@@ -93,7 +93,8 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         self._tail, tail = NO_PHRASE, []
         if run.end != "eos" and room > drafted:
             phrase = self.phrases.lookup(torch.cat([input_ids, run.tokens], dim=-1)[0].tolist(), MAX_COPY_TOKENS)
-            length, _ = self.planner.tail_length(phrase if phrase.tokens else None, room - drafted, run.end)
+            length, _ = self.planner.tail_length(phrase if phrase.tokens else None, room - drafted, run.end,
+                                                 drafted)
             if length:
                 self._tail, tail = phrase, self._cut_after_eos(phrase.tokens[:length])
                 record.copied_from = phrase.source
@@ -174,7 +175,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             planner.drafts.forget()
         copied = record.sent - record.drafted
         if copied and accepted >= record.drafted:  # the copied tokens were reached
-            planner.copies.observe(self._tail.source, self._tail.match_length, copied, accepted - record.drafted)
+            planner.copies.observe(self._tail, copied, accepted - record.drafted)
         self._learn_phrases(input_ids, scores, accepted)
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:

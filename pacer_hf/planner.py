@@ -47,23 +47,31 @@ PRIOR_FEED_PER_TOKEN = 0.01  # per token of a long catch-up forward
 # A forward that feeds more tokens than this is a catch-up, priced per token.
 SHORT_FORWARD = 16
 # Verifications of up to this many candidates (draft rounds, short copies) and longer ones (long copies) are fitted
-# apart: on a CPU with bfloat16 matrix units or a GPU a verification costs about a step up to a few tens of tokens and
-# grows after, and one line through both would price a short round by the long copies' slope.
-SHORT_VERIFY = 16
+# apart: on a CPU with bfloat16 matrix units or a GPU a verification costs about a step up to some tokens and grows
+# after, and one line through both would price a short round by the long copies' slope. On the AMD EPYC of
+# docs/benchmarks.md (1.5B target, bf16 prepacked, 1000-token cache) a forward of 1 to 10 tokens costs the same within
+# noise and each token after about 4% of a step (eval/results/costs-qwen-bf16-prepack-long.md); a line through 1-16
+# candidates prices the short ones at a slope they do not have, and cut copies that were free to send.
+SHORT_VERIFY = 10
+# Candidates that together add at most this share of a step to a verification are free: a copy sends them whatever
+# its estimate says (the estimate's tail is the least certain part, and where text is copied, runs go on for tens of
+# tokens). Where verification grows from the first candidate on (an AVX2 CPU: 2.5% a token) that is one or two.
+FREE_VERIFY = 0.05
 # Weight of a prior, in observations; and the forgetting of old observations per new one (a shared machine's speed
 # drifts, and the text's character changes within a call).
 PRIOR_WEIGHT = 2.0
 DECAY = 0.97
-# Acceptance priors, per look-up and by how many context tokens matched where the copy came from (the longer the
-# match, the likelier the text keeps copying): the probability that a copy's first token is accepted, and that each
-# next one is once the first was (a copy that starts right tends to go on). The median over nine kinds of text
-# (tuning prompts of summaries, rag, qa, translation, math, writing, extraction, code, chat), decoded in rounds by
-# `python -m eval.research.copy_priors` (eval/results/copy-priors-tuning.md), made monotone in the match length: the
-# median, not the pooled rate, which the texts that copy most would set, and for the next tokens below even that
-# (on open text a copy that starts right mostly stops after a token or two; where text is copied, one accepted copy
-# teaches a call tens of next tokens). Their weight, in copies (first tokens) or tokens (next ones), is small: the
-# call's own copies, pooled over every look-up and match length, soon outweigh them.
+# Acceptance priors, per look-up and by how many context tokens matched where the copy came from (the longer the match,
+# the likelier the text keeps copying): the probability that a copy's first token is accepted, and that each next one is
+# once every one before it was (a copy that starts right tends to go on; the prior of every position). The median over
+# nine kinds of text (tuning prompts of summaries, rag, qa, translation, math, writing, extraction, code, chat), decoded
+# in rounds by `python -m eval.research.copy_priors` (eval/results/copy-priors-tuning.md), made monotone in the match
+# length: the median, not the pooled rate, which the texts that copy most would set, and for the next tokens below even
+# that (on open text a copy that starts right mostly stops after a token or two; where text is copied, one accepted copy
+# teaches a call tens of next tokens). Their weight, in copies that reached a position, is small: the call's own copies,
+# pooled over every look-up and match length, soon outweigh them.
 MATCH_BUCKETS = (1, 2, 3, 5, 9, 17)  # a match of at least this many tokens
+COPY_POSITIONS = (2, 3, 4, 6, 9, 17, 33)  # a copied token's position, learnt apart from these on (the first: 1)
 COPY_PRIOR = {
     "sequence": ((0.34, 0.50), (0.45, 0.60), (0.55, 0.70), (0.60, 0.80), (0.75, 0.88), (0.90, 0.95)),
     "earliest": ((0.25, 0.45), (0.50, 0.55), (0.55, 0.65), (0.60, 0.75), (0.65, 0.85), (0.75, 0.90)),
@@ -216,6 +224,14 @@ class CallCosts:
         anchor = self._verify.seconds(SHORT_VERIFY)
         return anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)
 
+    def free_candidates(self) -> int:
+        """The most candidates (up to `SHORT_VERIFY`) whose verification costs at most `FREE_VERIFY` of a step more
+        than one candidate's."""
+        slope = self._verify.coefficients()[1]
+        if slope <= 0:
+            return SHORT_VERIFY
+        return max(1, min(SHORT_VERIFY, 1 + int(FREE_VERIFY * self.step() / slope)))
+
     def verify_marginal(self, candidates: int) -> float:
         """Seconds the `candidates`-th candidate adds to a verification of the ones before it: the slope of the line
         `target(n)` follows there (for the first, the short line's: what one candidate more costs, not the jump from a
@@ -249,40 +265,59 @@ def match_bucket(match_length: int) -> int:
     return max(i for i, low in enumerate(MATCH_BUCKETS) if match_length >= low)
 
 
+def position_bucket(position: int) -> int:
+    """The index of the `COPY_POSITIONS` bucket of a copied token's position (2 or more)."""
+    return max(i for i, low in enumerate(COPY_POSITIONS) if position >= low)
+
+
 class CopyAcceptance:
-    """Acceptance of copies in this call, per source and match-length bucket: the probability that a copy's first
-    token is accepted, and that each next token is once the first was. Each cell's estimate starts from the call's
-    evidence pooled over all cells (which starts from the cell's prior), so a call whose text does not copy learns it
-    from its first few copies, whatever look-up and match length they had."""
+    """Acceptance of copies in this call: the probability that a copy's first token is accepted, per source and
+    match-length bucket, and that its token i is once every token before it was, per source, match bucket and position
+    (`COPY_POSITIONS`), learnt from the copies that reached that position.
+
+    Each cell's estimate starts from the call's evidence at that position pooled over every source and match length,
+    which starts from the cell's prior (a first token) or from the pooled estimate of the position before (a next
+    one: what the call learnt of its second tokens also holds for its tenth until a copy gets that far), so a call
+    whose text does not copy learns it from its first few copies, whatever look-up and match length they had. By position, not one rate for every next token: four copies stopped
+    after their first token and one accepted for 40 tokens say that a second token is accepted 1 time in 5, and that
+    the 10th is once the 9th was; one rate learnt from every next token would put both near 0.9."""
 
     def __init__(self) -> None:
-        self._cells: dict[tuple[str, int], list[float]] = {}  # copies, first accepted, next accepted, next rejected
-        self._pooled = [0.0] * 4
+        self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
+        self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
 
     @staticmethod
-    def _blend(hits: float, tries: float, prior: float) -> float:
+    def _blend(counts: list[float] | None, prior: float) -> float:
+        tries, hits = counts or (0.0, 0.0)
         return (hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
 
-    def probabilities(self, source: str, match_length: int) -> tuple[float, float]:
-        """`(p_first, p_next)` of a copy from `source` after a match of `match_length` tokens."""
-        bucket = match_bucket(match_length)
-        prior_first, prior_next = COPY_PRIOR[source][bucket]
-        copies, first, nexts, rejections = self._cells.get((source, bucket), (0.0, 0.0, 0.0, 0.0))
-        p_copies, p_first, p_nexts, p_rejections = self._pooled
-        pooled_first = self._blend(p_first, p_copies, prior_first)
-        pooled_next = self._blend(p_nexts, p_nexts + p_rejections, prior_next)
-        return self._blend(first, copies, pooled_first), self._blend(nexts, nexts + rejections, pooled_next)
+    def hazards(self, option: Phrase, tokens: int) -> list[float]:
+        """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""
+        cell = (option.source, match_bucket(option.match_length))
+        prior_first, prior_next = COPY_PRIOR[cell[0]][cell[1]]
+        hazards = [self._blend(self._first.get(cell), self._blend(self._first.get(()), prior_first))]
+        pooled = prior_next  # a position no copy reached yet starts from the one before it
+        for position in range(2, tokens + 1):
+            at = (position_bucket(position),)
+            if position == COPY_POSITIONS[at[0]]:
+                pooled = self._blend(self._next.get(at), pooled)
+            hazards.append(self._blend(self._next.get(at + cell), pooled))
+        return hazards
 
-    def observe(self, source: str, match_length: int, sent: int, accepted: int) -> None:
-        """A copy of `sent` tokens, of which the first `accepted` were accepted (0 <= accepted <= sent)."""
+    def observe(self, option: Phrase, sent: int, accepted: int) -> None:
+        """A copy of `option`'s first `sent` tokens, of which the first `accepted` were accepted."""
         if sent <= 0:
             return
         accepted = min(accepted, sent)
-        update = (1.0, float(accepted > 0), float(max(accepted - 1, 0)), float(0 < accepted < sent))
-        cell = self._cells.setdefault((source, match_bucket(match_length)), [0.0] * 4)
-        for counts in (cell, self._pooled):
-            for i, value in enumerate(update):
-                counts[i] += value
+        cell = (option.source, match_bucket(option.match_length))
+        for key in ((), cell):
+            counts = self._first.setdefault(key, [0.0, 0.0])
+            counts[0], counts[1] = counts[0] + 1, counts[1] + (accepted > 0)
+        for position in range(2, min(sent, accepted + 1) + 1):  # sent, and every token before it accepted
+            at = (position_bucket(position),)
+            for key in (at, at + cell):
+                counts = self._next.setdefault(key, [0.0, 0.0])
+                counts[0], counts[1] = counts[0] + 1, counts[1] + (position <= accepted)
 
 
 class DraftAcceptance:
@@ -362,18 +397,21 @@ class RoundPlanner:
         """New tokens per second of this call so far, starting from plain decoding's (one token per step)."""
         return (self.new_tokens + PRIOR_WEIGHT) / (self.seconds + PRIOR_WEIGHT * self.costs.step())
 
-    def copy_length(self, option: Phrase, reach: float = 1.0, room: int = MAX_COPY_TOKENS) -> tuple[int, float]:
-        """How many of `option`'s tokens to send and their expected accepted count, when the round reaches the first
-        of them with probability `reach`: token i goes while P(it and all before it are accepted) is worth its
-        verification time at the call's rate."""
-        p_first, p_next = self.copies.probabilities(option.source, option.match_length)
-        length, expected, reach_i = 0, 0.0, reach * p_first
-        for _ in range(min(len(option.tokens), room, MAX_COPY_TOKENS)):
-            if reach_i < self.rate * self.costs.verify_marginal(length + 1):  # what its verification time would buy
+    def copy_length(self, option: Phrase, reach: float = 1.0, room: int = MAX_COPY_TOKENS,
+                    before: int = 0) -> tuple[int, float]:
+        """How many of `option`'s tokens to send after `before` drafted candidates, and their expected accepted count,
+        when the round reaches the first of them with probability `reach`: token i goes while P(it and all before it
+        are accepted) is worth its verification time at the call's rate, or while the verification's free candidates
+        ([`CallCosts.free_candidates`]) last."""
+        free = self.costs.free_candidates() - before
+        length, expected = 0, 0.0
+        for hazard in self.copies.hazards(option, min(len(option.tokens), room, MAX_COPY_TOKENS)):
+            reach *= hazard
+            # what its verification time would buy, at the call's rate
+            if length >= free and reach < self.rate * self.costs.verify_marginal(before + length + 1):
                 break
             length += 1
-            expected += reach_i
-            reach_i *= p_next
+            expected += reach
         return length, expected
 
     def plan(self, options: Sequence[Phrase], room: int, draft_room: int, draft_missing: int,
@@ -427,12 +465,12 @@ class RoundPlanner:
         remaining = max(self.max_new_tokens - self.new_tokens, 0)
         return remaining * (1 / other_rate - 1 / draft_rate) > catch_up
 
-    def tail_length(self, option: Phrase | None, room: int, end: str) -> tuple[int, float]:
-        """After a draft that ended by `end`: how many of `option`'s tokens to append, reached only if every drafted
-        token is accepted (the share of such rounds so far)."""
+    def tail_length(self, option: Phrase | None, room: int, end: str, drafted: int) -> tuple[int, float]:
+        """After `drafted` tokens of a draft that ended by `end`: how many of `option`'s tokens to append, reached
+        only if every drafted token is accepted (the share of such rounds so far)."""
         if option is None or room <= 0:
             return 0, 0.0
-        return self.copy_length(option, reach=self.drafts.all_accepted(end), room=room)
+        return self.copy_length(option, reach=self.drafts.all_accepted(end), room=room, before=drafted)
 
     def observe_round(self, new_tokens: int, seconds: float) -> None:
         """A round of this call added `new_tokens` in `seconds` (drafting and verification)."""

@@ -67,7 +67,7 @@ class ScriptedPlanner(RoundPlanner):
             return Plan("copy", 1.0, option, self.rng.randint(1, min(len(option.tokens), room)))
         return Plan(kind, 1.0)
 
-    def tail_length(self, option, room, end):
+    def tail_length(self, option, room, end, drafted):
         if option is None or room <= 0 or self.rng.random() < 0.5:
             return 0, 0.0
         return self.rng.randint(1, min(len(option.tokens), room)), 0.0

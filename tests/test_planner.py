@@ -7,7 +7,7 @@ choices are random, in test_phrases.py, test_sampling_exactness.py and test_diff
 import pytest
 
 from pacer_hf.phrases import Phrase
-from pacer_hf.planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner, costs_for
+from pacer_hf.planner import MAX_COPY_TOKENS, SHORT_VERIFY, CallCosts, RoundPlanner, costs_for
 
 
 def _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15, draft_per_token=0.01, feed=0.002, rounds=40) -> CallCosts:
@@ -37,10 +37,10 @@ def test_short_and_long_verifications_are_fitted_apart():
     costs = CallCosts()
     for i in range(40):
         costs.observe_round(0, 0.3)
-        costs.observe_round(1 + i % 8, 0.31)  # short rounds: flat
-        costs.observe_round(32 + i % 33, 0.3 + 0.006 * (32 + i % 33 - 16))  # long copies: +6 ms a candidate past 16
+        costs.observe_round(1 + i % SHORT_VERIFY, 0.31)  # short rounds: flat
+        costs.observe_round(32 + i % 33, 0.31 + 0.006 * (32 + i % 33 - SHORT_VERIFY))  # long copies: +6 ms a candidate
     assert costs.target(2) == pytest.approx(0.31, rel=0.03) and costs.verify_marginal(2) < 0.002
-    assert costs.target(64) == pytest.approx(0.3 + 0.006 * 48, rel=0.05)
+    assert costs.target(64) == pytest.approx(0.31 + 0.006 * (64 - SHORT_VERIFY), rel=0.05)
     assert costs.verify_marginal(40) == pytest.approx(0.006, rel=0.1)
     assert all(costs.target(n + 1) >= costs.target(n) for n in range(1, 80))
 
@@ -97,17 +97,51 @@ def test_copy_length_stops_where_a_token_is_not_worth_its_verification():
 
 def test_the_planner_learns_copy_acceptance_within_the_call_pooled_over_look_ups():
     planner = RoundPlanner(_costs(), max_new_tokens=128)
-    first, nxt = planner.copies.probabilities("earliest", 3)
-    other_first, _ = planner.copies.probabilities("sequence", 9)
+    earliest, long_match, short_match = _likely(source="earliest", match=3), _likely(match=9), _likely(match=2)
+    first, nxt = planner.copies.hazards(earliest, 2)
+    other_first = planner.copies.hazards(long_match, 1)[0]
     for _ in range(6):  # copies that start wrong
-        planner.copies.observe("earliest", 3, sent=10, accepted=0)
-    assert planner.copies.probabilities("earliest", 3)[0] < first / 3
+        planner.copies.observe(earliest, sent=10, accepted=0)
+    assert planner.copies.hazards(earliest, 1)[0] < first / 3
     # a text that does not copy: the other look-ups and match lengths learn it too, less strongly
-    assert planner.copies.probabilities("sequence", 9)[0] < other_first * 0.7
+    assert planner.copies.hazards(long_match, 1)[0] < other_first * 0.7
     for _ in range(6):  # copies that start right and go on
-        planner.copies.observe("sequence", 2, sent=10, accepted=10)
-    p_first, p_next = planner.copies.probabilities("sequence", 2)
+        planner.copies.observe(short_match, sent=10, accepted=10)
+    p_first, p_next = planner.copies.hazards(short_match, 2)
     assert p_first > 0.5 and p_next > nxt
+
+
+def test_copy_acceptance_is_learnt_by_position():
+    """Four copies stopped after their first token and one accepted for 40: a second token was reached 1 time in 5,
+    and once a copy got that far it went on (one rate for every next token would put the second near 0.9). A position
+    starts from the estimate of the one before it, so the evidence of later tokens builds on the earlier ones'."""
+    planner = RoundPlanner(_costs(), max_new_tokens=128)
+    copy = _likely(length=40, match=5)
+    for _ in range(4):
+        planner.copies.observe(copy, sent=10, accepted=1)
+    planner.copies.observe(copy, sent=40, accepted=40)
+    hazards = planner.copies.hazards(copy, 40)
+    assert hazards[1] < 0.6 and hazards[2:] == sorted(hazards[2:]) and hazards[-1] > 0.85
+    assert len(hazards) == 40 and hazards[0] > 0.5  # five of five first tokens accepted
+
+
+def test_a_copy_sends_the_verifications_free_candidates_whatever_its_estimate():
+    """Where verifying up to SHORT_VERIFY candidates costs what one does (bfloat16 matrix units, a GPU), an unlikely
+    copy still sends them all; where each candidate costs 2.5% of a step (AVX2), only the one or two that are free."""
+    knee = CallCosts()
+    for i in range(40):  # flat up to SHORT_VERIFY candidates, +5% of a step for each after
+        knee.observe_round(0, 0.3)
+        knee.observe_round(1 + i, 0.3 + 0.015 * max(1 + i - SHORT_VERIFY, 0))
+    flat = RoundPlanner(knee, max_new_tokens=128)
+    unlikely = Phrase(list(range(40)), "earliest", 1)
+    for _ in range(20):
+        flat.copies.observe(unlikely, sent=10, accepted=0)
+    assert flat.costs.free_candidates() == SHORT_VERIFY
+    assert flat.copy_length(unlikely)[0] == SHORT_VERIFY
+    assert flat.copy_length(unlikely, before=4)[0] == SHORT_VERIFY - 4  # a draft's tokens use the free part first
+    assert flat.copy_length(unlikely, room=3)[0] == 3
+    steep = RoundPlanner(_costs(step=0.3, verify=0.6, per_token=0.025 * 0.3), max_new_tokens=128)
+    assert steep.costs.free_candidates() <= 3
 
 
 def _drafting(planner: RoundPlanner, accepted: int, drafted: int = 4, seconds: float = 0.2, rounds: int = 16):
@@ -160,5 +194,6 @@ def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepte
     for _ in range(16):
         planner.drafts.observe(4, 4, 0.2, "source")  # whole confirmed phrases: always fully accepted
         planner.drafts.observe(4, 1, 0.2, "head")  # head stops: never
-    assert planner.tail_length(_likely(), room=50, end="source")[0] > planner.tail_length(_likely(), 50, "head")[0]
-    assert planner.tail_length(None, room=50, end="source") == (0, 0.0)
+    assert planner.tail_length(_likely(), room=50, end="source", drafted=4)[0] \
+        > planner.tail_length(_likely(), 50, "head", 4)[0]
+    assert planner.tail_length(None, room=50, end="source", drafted=4) == (0, 0.0)

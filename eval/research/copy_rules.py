@@ -13,101 +13,37 @@ Writes `<out>.json` and `<out>.md`.
 """
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 from eval.research.phrase_bound import (
-    PlannedCopies, StepCosts, accepted_prefix, fit_costs, load_rows, predict, prefills_for, replay_rounds,
+    PlannedCopies, StepCosts, accepted_prefix, fit_costs, load_rows, prefills_for, replay_rounds,
     speedup,
 )
 from pacer_hf.phrases import KEY_LENGTHS, Phrase
-from pacer_hf.planner import COPY_PRIOR, MAX_COPY_TOKENS, CopyAcceptance, Plan, RoundPlanner, match_bucket
+from pacer_hf.planner import COPY_PRIOR, MAX_COPY_TOKENS, CopyAcceptance, Plan, match_bucket
 
 # How many of the longest key's latest occurrences the "latest occurrences" offer adds (each a distinct continuation).
 LATEST_OCCURRENCES = 16
 
 
-# Positions of a copy's tokens whose acceptance the survival estimate learns apart (a token at position >= each).
-SURVIVAL_POSITIONS = (2, 3, 4, 6, 9, 17, 33)
+class OneNextRate(CopyAcceptance):
+    """The estimate pacer-hf shipped before acceptance by position: every next token of a copy at one rate, learnt
+    from every next token of every copy, so a few long accepted copies set it for all of them."""
 
+    def hazards(self, option: Phrase, tokens: int) -> list[float]:
+        cell = (option.source, match_bucket(option.match_length))
+        pooled = self._blend(self._next.get(("all",)), COPY_PRIOR[cell[0]][cell[1]][1])
+        return super().hazards(option, 1) + [self._blend(self._next.get(("all", *cell)), pooled)] * (tokens - 1)
 
-def _position_bucket(position: int) -> int:
-    return max(i for i, low in enumerate(SURVIVAL_POSITIONS) if position >= low)
-
-
-class SurvivalAcceptance(CopyAcceptance):
-    """Copy acceptance by position: P(token i accepted | every token before it was), learned apart for positions
-    2, 3, 4-5, 6-8, 9-16, 17-32 and 33+, each from the copies that sent token i and had i - 1 accepted (the
-    shipped estimate pools every next token of every copy, so a few long accepted copies set it for all of them).
-    Each (source, match bucket, position) estimate starts from the call's pooled one at that position, which starts
-    from the cell's prior `p_next`; the first token as shipped."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._next: dict[tuple, list[float]] = {}  # (source, match bucket, position bucket) or position -> tries, hits
-
-    def survival(self, source: str, match_length: int, tokens: int) -> list[float]:
-        """P(token i accepted | all before it were) for i = 1..tokens (the first: `p_first`)."""
-        bucket = match_bucket(match_length)
-        p_first, _ = self.probabilities(source, match_length)
-        prior_next = COPY_PRIOR[source][bucket][1]
-        hazards = [p_first]
-        for position in range(2, tokens + 1):
-            k = _position_bucket(position)
-            pooled = self._blend(*reversed(self._next.get(k, (0.0, 0.0))), prior_next)
-            hazards.append(self._blend(*reversed(self._next.get((source, bucket, k), (0.0, 0.0))), pooled))
-        return hazards
-
-    def observe(self, source: str, match_length: int, sent: int, accepted: int) -> None:
-        super().observe(source, match_length, sent, accepted)
-        accepted = min(accepted, sent)
-        for position in range(2, min(sent, accepted + 1) + 1):  # tokens reached (the one before accepted) and sent
-            k = _position_bucket(position)
-            for key in ((source, match_bucket(match_length), k), k):
+    def observe(self, option: Phrase, sent: int, accepted: int) -> None:
+        super().observe(option, sent, accepted)
+        if 0 < min(accepted, sent):  # every next token of a copy whose first was accepted
+            for key in (("all",), ("all", option.source, match_bucket(option.match_length))):
                 counts = self._next.setdefault(key, [0.0, 0.0])
-                counts[0] += 1
-                counts[1] += position <= accepted
-
-
-class VariantPlanner(RoundPlanner):
-    """The shipped planner with another acceptance estimate: by position ([`SurvivalAcceptance`]; token i of a copy
-    goes while P(it and all before it accepted) is worth its verification time), and/or learned apart for copies
-    whose key is ambiguous (its occurrences in the sequence go on with different tokens: `ambiguous` holds the ids
-    of this round's options that are)."""
-
-    def __init__(self, costs, max_new_tokens: int, survival: bool = False, ambiguity: bool = False):
-        super().__init__(costs, max_new_tokens)
-        estimate = SurvivalAcceptance if survival else CopyAcceptance
-        self.survival, self.copies = survival, estimate()
-        self.acceptance = {False: self.copies, True: estimate() if ambiguity else self.copies}
-        self.ambiguous: set[int] = set()
-
-    def acceptance_of(self, option: Phrase) -> CopyAcceptance:
-        return self.acceptance[id(option) in self.ambiguous]
-
-    def copy_length(self, option: Phrase, reach: float = 1.0, room: int = MAX_COPY_TOKENS) -> tuple[int, float]:
-        self.copies = self.acceptance_of(option)
-        if not self.survival:
-            return super().copy_length(option, reach, room)
-        tokens = min(len(option.tokens), room, MAX_COPY_TOKENS)
-        length, expected, reach_i = 0, 0.0, reach
-        for hazard in self.copies.survival(option.source, option.match_length, tokens):
-            reach_i *= hazard
-            if reach_i < self.rate * self.costs.verify_marginal(length + 1):
-                break
-            length += 1
-            expected += reach_i
-        return length, expected
-
-
-def _ambiguous(pool, sequence: list[int]) -> bool:
-    """Whether the occurrences of the longest key the sequence ends with go on with different tokens (reads the pool's
-    index directly, as the latest-occurrences offer does)."""
-    for n in KEY_LENGTHS:
-        starts = pool._positions.get(tuple(sequence[-n:])) if len(sequence) >= n else None
-        if starts:
-            return len({pool._sequence[i] for i in starts if i < len(pool._sequence)}) > 1
-    return False
+                counts[0] += min(sent, accepted + 1) - 1
+                counts[1] += min(accepted, sent) - 1
 
 
 class CopyVariant(PlannedCopies):
@@ -120,8 +56,8 @@ class CopyVariant(PlannedCopies):
             (the shipped options plus the continuations of the longest key's `LATEST_OCCURRENCES` latest occurrences).
         fixed: send this many tokens of the first option, as prompt lookup does (no planner); `None`: the planner's.
         steps: whether the planner may take a plain step while a copy is on offer (else it copies the best option).
-        survival: learn copy acceptance by position ([`VariantPlanner`]) instead of the shipped estimate.
-        ambiguity: learn it apart for copies whose key's occurrences go on with different tokens.
+        estimate: the copy acceptance estimate: `"shipped"` (by position) or `"one next-token rate"` (before).
+        free: whether a copy sends the verification's free candidates whatever its estimate says (shipped).
         oracle: knowing `output`, `"length"` sends exactly the accepted part of the planner's copy (a step where none
             would be), `"occurrence"` copies the offered occurrence with the most accepted tokens at the planner's
             length for it (where the planner copies), `"both"` the best occurrence's accepted part whenever there is
@@ -130,12 +66,13 @@ class CopyVariant(PlannedCopies):
     """
 
     def __init__(self, prompt: list[int], costs: StepCosts, max_new_tokens: int, offer: str = "shipped",
-                 fixed: int | None = None, steps: bool = True, survival: bool = False, ambiguity: bool = False,
+                 fixed: int | None = None, steps: bool = True, estimate: str = "shipped", free: bool = True,
                  oracle: str | None = None, output: list[int] | None = None):
         super().__init__(prompt, costs, max_new_tokens)
-        if survival or ambiguity:
-            self.planner = VariantPlanner(self.planner.costs, max_new_tokens, survival, ambiguity)
-        self.offer, self.fixed, self.steps, self.oracle, self.ambiguity = offer, fixed, steps, oracle, ambiguity
+        self.planner.copies = OneNextRate() if estimate == "one next-token rate" else CopyAcceptance()
+        if not free:
+            self.planner.costs.free_candidates = lambda: 0
+        self.offer, self.fixed, self.steps, self.oracle = offer, fixed, steps, oracle
         self.prompt_length, self.output, self._sequence = len(prompt), output, []
 
     def propose(self, sequence: list[int]) -> list[int]:
@@ -163,9 +100,6 @@ class CopyVariant(PlannedCopies):
                         if phrase.tokens and all(phrase.tokens != o.tokens for o in options):
                             options.append(phrase)
                     break
-        if self.ambiguity:
-            self.planner.ambiguous = {id(o) for o in options if o.source != "stored"} if _ambiguous(pool, sequence) \
-                else set()
         return options
 
     def choose(self, options: list[Phrase]) -> Plan:
@@ -191,8 +125,6 @@ class CopyVariant(PlannedCopies):
     def observe(self, sent: int, accepted: int) -> None:
         if self.fixed is not None:  # a fixed-length rule learns nothing
             return
-        if self._plan.kind == "copy" and isinstance(self.planner, VariantPlanner):
-            self.planner.copies = self.planner.acceptance_of(self._plan.copy)  # the estimate the copy came from
         super().observe(sent, accepted)
 
 
@@ -205,9 +137,9 @@ VARIANTS = {
     "earliest, fixed 10": {"offer": "earliest", "fixed": 10},
     "furthest match, fixed 10": {"offer": "furthest", "fixed": 10},
     "furthest match, fixed 20": {"offer": "furthest", "fixed": 20},
-    "survival estimate": {"survival": True},
-    "ambiguous keys apart": {"ambiguity": True},
-    "ambiguous keys apart, survival estimate": {"ambiguity": True, "survival": True},
+    "no free candidates": {"free": False},
+    "one next-token rate": {"estimate": "one next-token rate"},
+    "one next-token rate, no free candidates (before)": {"estimate": "one next-token rate", "free": False},
     "oracle: length": {"oracle": "length"},
     "oracle: occurrence": {"oracle": "occurrence"},
     "oracle: both": {"oracle": "both"},
@@ -227,7 +159,7 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
                                                             CopyVariant(row["prompt"], c, n, output=row["output"],
                                                                         **settings))
                                         for name, settings in VARIANTS.items()}}
-            seconds.update({name: predict(c, prefill[key], len(rounds), sum(rounds)) for name, rounds in rules.items()})
+            seconds.update({name: prefill[key] + sum(map(c.round_seconds, rounds)) for name, rounds in rules.items()})
             prompts.append({"new_tokens": n, "predicted": seconds})
         rates = {m: speedup(prompts, lambda p, m=m: p["predicted"][m], lambda p: p["predicted"]["autoregressive"])
                  for m in prompts[0]["predicted"]}
@@ -253,12 +185,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", type=Path, help="a greedy `pacer-hf bench` run with autoregressive records")
     parser.add_argument("--costs-from", type=Path, required=True, help="a full greedy run on the same prompt sets")
+    parser.add_argument("--verify-curve", nargs=3, type=float, metavar=("KNEE", "SHORT", "LONG"),
+                        help="price a verification of n candidates at SHORT of a target call each up to KNEE and LONG "
+                             "each after, instead of the run's fitted line (measured: eval.research.costs --context)")
     parser.add_argument("--out", type=Path, default=Path("eval/results/copy-rules"))
     args = parser.parse_args()
     rows, cost_rows = load_rows(args.records, args.costs_from, sources=False)
     costs, constants = fit_costs(cost_rows)
+    curve = None
+    if args.verify_curve:
+        curve = (int(args.verify_curve[0]), args.verify_curve[1], args.verify_curve[2])
+        costs = {name: dataclasses.replace(c, verify_curve=curve) for name, c in costs.items()}
     result = compare(rows, costs, prefills_for(rows, cost_rows, constants))
-    command = f"python -m eval.research.copy_rules {args.records} --costs-from {args.costs_from}"
+    command = f"python -m eval.research.copy_rules {args.records} --costs-from {args.costs_from}" + (
+        " --verify-curve {} {:g} {:g}".format(*curve) if curve else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"command": command, "sets": result}, indent=1))
     table = markdown_table(result, command)

@@ -3,8 +3,9 @@
     OMP_WAIT_POLICY=PASSIVE python -m eval.research.costs --pair qwen2.5-coder --dtype bfloat16 --out eval/results/costs-qwen-bf16
 
 Reports load time and peak memory, autoregressive tokens/s of each model alone, the median time of a k-token
-forward on a KV cache of 200 tokens (k = 1..9), the cost ratio c = draft forward / target forward at 1 token, and
-the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). Then, with both models loaded,
+forward on a KV cache of 200 tokens (`--context`; k = 1..9, `--max-k`), the cost ratio c = draft forward / target
+forward at 1 token, and the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). Then, with
+both models loaded,
 the costs as `pacer-hf train` measures them to pick a threshold, inside generate() for greedy and for sampling
 (`pacer_hf.cost_measurement.measure_cost_model`: a drafted token and a head call, in rounds). JSON + Markdown table.
 """
@@ -34,15 +35,16 @@ from pacer_hf.bench.flags import add_model_flags
 PROMPT_FOR_TIMING = "Write a Python function that returns the n-th prime number, with a docstring."
 
 
-def median_forward_seconds(model: torch.nn.Module, ids: torch.LongTensor, new_tokens: int, repeats: int) -> float:
-    """Median time of a `new_tokens`-token forward on top of a KV cache of `BENCHMARK_CONTEXT` tokens."""
+def median_forward_seconds(model: torch.nn.Module, ids: torch.LongTensor, new_tokens: int, repeats: int,
+                           context: int = BENCHMARK_CONTEXT) -> float:
+    """Median time of a `new_tokens`-token forward on top of a KV cache of `context` tokens."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids[:, :BENCHMARK_CONTEXT], past_key_values=cache, use_cache=True)
+        model(ids[:, :context], past_key_values=cache, use_cache=True)
         times = []
         for _ in range(repeats + 2):  # the first two are warm-up
             start = time.perf_counter()
-            model(ids[:, BENCHMARK_CONTEXT : BENCHMARK_CONTEXT + new_tokens], past_key_values=cache, use_cache=True,
+            model(ids[:, context : context + new_tokens], past_key_values=cache, use_cache=True,
                   output_hidden_states=True)
             times.append(time.perf_counter() - start)
             cache.crop(-new_tokens)  # back to the context (crop takes a negative count in transformers 5)
@@ -70,6 +72,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser, pair="qwen2.5-coder")
     parser.add_argument("--max-k", type=int, default=9)
+    parser.add_argument("--context", type=int, default=BENCHMARK_CONTEXT,
+                        help="tokens in the KV cache the k-token forwards run on (a long document: 1000)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the autoregressive timing")
     parser.add_argument("--out", type=Path, default=Path("eval/results/costs"))
     args = parser.parse_args()
@@ -79,7 +83,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     result = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,
                               "dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": platform.machine(),
-                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "context": BENCHMARK_CONTEXT,
+                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "context": args.context,
                               "prepack_linear_weights": args.prepack}}
     models = {}
     for role, name in zip(("draft", "target"), PAIRS[args.pair]):
@@ -93,9 +97,9 @@ def main() -> None:
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
         entry["autoregressive_tokens_per_s"] = (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
-        random_ids = torch.randint(model.config.vocab_size, (1, BENCHMARK_CONTEXT + args.max_k),
+        random_ids = torch.randint(model.config.vocab_size, (1, args.context + args.max_k),
                                    generator=torch.Generator().manual_seed(0))
-        entry["forward_ms"] = {k: 1000 * median_forward_seconds(model, random_ids, k, repeats=10)
+        entry["forward_ms"] = {k: 1000 * median_forward_seconds(model, random_ids, k, repeats=10, context=args.context)
                                for k in range(1, args.max_k + 1)}
         models[role] = entry
         print(role, json.dumps(entry))
@@ -107,18 +111,18 @@ def main() -> None:
     result["target_verify_ratio"] = {k: target_ms[k + 1] / target_ms[1] for k in range(1, args.max_k)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    shown = [k for k in (2, 3, 5, 9, 11, 13, 17, 25, 33) if k <= args.max_k]
     lines = [
-        f"Pair `{args.pair}`, {args.dtype}, {torch.get_num_threads()} threads, KV cache of {BENCHMARK_CONTEXT} tokens"
+        f"Pair `{args.pair}`, {args.dtype}, {torch.get_num_threads()} threads, KV cache of {args.context} tokens"
         + (", prepacked oneDNN linear weights" if args.prepack else ", torch's stock linear kernels"),
         "",
-        "| model | load s | peak RSS GiB | AR tokens/s | fwd1 ms | " + " | ".join(f"fwd{k} ms" for k in (2, 3, 5, 9)
-                                                                            if k <= args.max_k) + " |",
-        "|---|---|---|---|---|" + "---|" * len([k for k in (2, 3, 5, 9) if k <= args.max_k]),
+        "| model | load s | peak RSS GiB | AR tokens/s | fwd1 ms | " + " | ".join(f"fwd{k} ms" for k in shown) + " |",
+        "|---|---|---|---|---|" + "---|" * len(shown),
     ]
     for role, e in models.items():
         lines.append(f"| {role} {e['name']} | {e['load_s']:.1f} | {e['peak_rss_gib']:.1f} | "
                      f"{e['autoregressive_tokens_per_s']:.2f} | {e['forward_ms'][1]:.1f} | "
-                     + " | ".join(f"{e['forward_ms'][k]:.1f}" for k in (2, 3, 5, 9) if k <= args.max_k) + " |")
+                     + " | ".join(f"{e['forward_ms'][k]:.1f}" for k in shown) + " |")
     lines += ["", f"cost ratio c = draft fwd1 / target fwd1 = {result['cost_ratio_c']:.3f}; target fwd(k+1)/fwd1: "
               + ", ".join(f"k={k}: {v:.2f}" for k, v in result["target_verify_ratio"].items())]
     lines += ["", "inside generate() (what `pacer-hf train` uses; in rounds): "

@@ -61,8 +61,10 @@ ORACLES = ("oracle-one-phrase", "oracle-copy", "oracle-draft+copy", "oracle-free
 PROMPT_LOOKUP_LENGTHS = (10, 20)
 # pacer-hf's copy rounds as shipped: the pool's copy options, sent as far as the planner finds worth.
 POOL_REPLAY = "pacer-hf copy rounds (planner)"
-# Pseudo-rounds that pin a replayed planner's costs to a run's fitted ones (the planner would otherwise learn them).
-PINNED_COST_ROUNDS = 1000
+# Pseudo-rounds that pin a replayed planner's costs to a run's fitted ones (the planner would otherwise learn them),
+# at these candidate counts.
+PINNED_COST_ROUNDS = 300
+PINNED_CANDIDATES = (0, 1, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass
@@ -74,6 +76,16 @@ class StepCosts:
     candidate_s: float
     draft_s: float
     draft_prefill_s: float
+    verify_curve: tuple[int, float, float] | None = None
+
+    def round_seconds(self, candidates: int) -> float:
+        """A target call that verifies `candidates`: at the fitted `candidate_s` each; or, with `verify_curve`
+        `(knee, short, long)`, at `short` of a call each up to the knee and `long` after (verification is convex
+        where the target's matrix units are busy only past some rows: a CPU with bfloat16 units, a GPU)."""
+        if self.verify_curve is None:
+            return self.round_s + self.candidate_s * candidates
+        knee, short, long = self.verify_curve
+        return self.round_s * (1 + short * min(candidates, knee) + long * max(candidates - knee, 0))
 
 
 @torch.inference_mode()
@@ -172,8 +184,8 @@ class PlannedCopies(LookupRule):
         self.pool.start_sequence(prompt)
         call_costs = CallCosts()
         for _ in range(PINNED_COST_ROUNDS):  # a round's cost as the run's fit prices it, whatever its length
-            for n in (0, 1, MAX_CANDIDATES):
-                call_costs.observe_round(n, costs.round_s + n * costs.candidate_s)
+            for n in PINNED_CANDIDATES:
+                call_costs.observe_round(n, costs.round_seconds(n))
         self.planner = RoundPlanner(call_costs, max_new_tokens)
         self._plan = None
 
@@ -193,7 +205,7 @@ class PlannedCopies(LookupRule):
     def observe(self, sent: int, accepted: int) -> None:
         plan, costs = self._plan, self.planner.costs
         if plan.kind == "copy":
-            self.planner.copies.observe(plan.copy.source, plan.copy.match_length, sent, accepted)
+            self.planner.copies.observe(plan.copy, sent, accepted)
         self.planner.observe_round(accepted + 1, costs.target(sent))
 
 

@@ -1,9 +1,11 @@
 """`eval.research.copy_rules`: each variant sends what it says (prefixes of its offer, its fixed length, no plain step
 while a copy is on offer), the shipped variant is pacer-hf's copy rounds exactly, and the comparison prices them."""
 
+import dataclasses
+
 import pytest
 
-from eval.research.copy_rules import VARIANTS, CopyVariant, VariantPlanner, compare, markdown_table
+from eval.research.copy_rules import VARIANTS, CopyVariant, compare, markdown_table
 from eval.research.phrase_bound import PlannedCopies, StepCosts, look_up_rules, replay_rounds
 from pacer_hf import PhrasePool
 from pacer_hf.phrases import Phrase
@@ -93,36 +95,21 @@ def test_the_occurrence_oracle_copies_the_offer_with_the_most_accepted_tokens():
     assert all(plan.kind == "step" for plan, options in chosen if not options)
 
 
-def test_the_survival_estimate_learns_each_position_apart():
-    """Four copies stopped after their first token and one accepted for 40: the shipped estimate pools the 39 next
-    tokens of the long one and expects the second token of a copy at about 0.9; by position, 1 in 5 reached it."""
-    shipped = PlannedCopies(PROMPT, COSTS, 40).planner
-    planner = VariantPlanner(shipped.costs, 40, survival=True)
-    for copies in (shipped.copies, planner.copies):
-        for _ in range(4):
-            copies.observe("sequence", 5, sent=10, accepted=1)
-        copies.observe("sequence", 5, sent=40, accepted=40)
-    _, pooled_next = planner.copies.probabilities("sequence", 5)
-    hazards = planner.copies.survival("sequence", 5, 40)
-    assert hazards[0] == planner.copies.probabilities("sequence", 5)[0]
-    assert pooled_next > 0.85 and hazards[1] < 0.6  # the second token: 1 of 5 (with the prior's weight)
-    assert min(hazards[2:]) > 0.85  # later tokens: only the long copy reached them, and it went on
+def test_the_one_rate_estimate_takes_every_next_token_at_the_rate_of_all():
+    copies = CopyVariant(PROMPT, COSTS, 40, estimate="one next-token rate").planner.copies
     copy = Phrase(list(range(40)), "sequence", 5)
-    assert planner.copy_length(copy)[1] < 0.8 * shipped.copy_length(copy)[1]  # expected accepted tokens
+    for _ in range(4):
+        copies.observe(copy, sent=10, accepted=1)
+    copies.observe(copy, sent=40, accepted=40)
+    hazards = copies.hazards(copy, 40)
+    assert len(set(hazards[1:])) == 1 and hazards[1] > 0.85  # the long copy's 39 next tokens set the rate for all
 
 
-def test_copies_after_an_ambiguous_key_learn_apart():
-    from eval.research.copy_rules import _ambiguous
-
-    pool = PhrasePool()
-    pool.start_sequence([1, 2, 3, 9, 1, 2, 3, 8, 4, 5, 6, 4, 5])
-    assert _ambiguous(pool, [7, 1, 2, 3])  # "1 2 3" went on with 9 and with 8
-    assert not _ambiguous(pool, [7, 4, 5])  # "4 5" only with 6
-    planner = VariantPlanner(PlannedCopies(PROMPT, COSTS, 40).planner.costs, 40, ambiguity=True)
-    ambiguous, clear = Phrase([1] * 10, "sequence", 3), Phrase([2] * 10, "sequence", 3)
-    planner.ambiguous = {id(ambiguous)}
-    before = planner.copy_length(clear)
-    for _ in range(6):
-        planner.acceptance_of(ambiguous).observe("sequence", 3, sent=10, accepted=0)
-    assert planner.copy_length(clear) == before
-    assert planner.copy_length(ambiguous)[1] < before[1] / 2
+def test_a_verify_curve_prices_candidates_past_its_knee_apart():
+    convex = dataclasses.replace(COSTS, verify_curve=(10, 0.01, 0.05))
+    assert convex.round_seconds(0) == COSTS.round_s
+    assert convex.round_seconds(10) == pytest.approx(0.1 * 1.1)
+    assert convex.round_seconds(30) - convex.round_seconds(10) == pytest.approx(0.1 * 0.05 * 20)
+    assert COSTS.round_seconds(30) == pytest.approx(0.1 + 0.002 * 30)
+    replayed = CopyVariant(PROMPT, convex, 40).planner.costs  # the replayed planner learns the curve
+    assert replayed.target(10) == pytest.approx(0.11, rel=0.02) and replayed.target(64) > replayed.target(10) * 2
