@@ -55,7 +55,7 @@ SHORT_FORWARD = 16
 SHORT_VERIFY = 10
 # Candidates that together add at most this share of a step to a verification are free: a copy sends them whatever
 # its estimate says (the estimate's tail is the least certain part, and where text is copied, runs go on for tens of
-# tokens). Where verification grows from the first candidate on (an AVX2 CPU: 2.5% a token) that is one or two.
+# tokens). Where verification grows from the first candidate on (an AVX2 CPU: 2.5% a token) that is two or three.
 FREE_VERIFY = 0.05
 # Weight of a prior, in observations; and the forgetting of old observations per new one (a shared machine's speed
 # drifts, and the text's character changes within a call).

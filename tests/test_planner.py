@@ -127,7 +127,7 @@ def test_copy_acceptance_is_learnt_by_position():
 
 def test_a_copy_sends_the_verifications_free_candidates_whatever_its_estimate():
     """Where verifying up to SHORT_VERIFY candidates costs what one does (bfloat16 matrix units, a GPU), an unlikely
-    copy still sends them all; where each candidate costs 2.5% of a step (AVX2), only the one or two that are free."""
+    copy still sends them all; where each candidate costs 2.5% of a step (AVX2), only the two or three that are free."""
     knee = CallCosts()
     for i in range(40):  # flat up to SHORT_VERIFY candidates, +5% of a step for each after
         knee.observe_round(0, 0.3)
@@ -141,7 +141,7 @@ def test_a_copy_sends_the_verifications_free_candidates_whatever_its_estimate():
     assert flat.copy_length(unlikely, before=4)[0] == SHORT_VERIFY - 4  # a draft's tokens use the free part first
     assert flat.copy_length(unlikely, room=3)[0] == 3
     steep = RoundPlanner(_costs(step=0.3, verify=0.6, per_token=0.025 * 0.3), max_new_tokens=128)
-    assert steep.costs.free_candidates() <= 3
+    assert 2 <= steep.costs.free_candidates() <= 3  # together 5% of a step more than one
 
 
 def _drafting(planner: RoundPlanner, accepted: int, drafted: int = 4, seconds: float = 0.2, rounds: int = 16):
