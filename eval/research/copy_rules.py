@@ -7,8 +7,9 @@ output, to say where the headroom is: in the length sent (stopping where the cop
         --costs-from eval/results/planner-bar-amd.jsonl --out eval/results/copy-rules-tuning
 
 The replay and the pricing are `eval.research.phrase_bound`'s (greedy verification accepts a candidate where it equals
-the autoregressive output; seconds = the prompt's constant + target calls + candidate tokens at the fitted costs),
-so a rule can be judged on tuning prompts before anyone benchmarks it. No draft: these are the copy rounds alone.
+the autoregressive output; seconds = the prompt's constant + target calls + candidate tokens at the fitted costs, or
+with `--verify-curve` each call's candidates on a measured convex curve), so a rule can be judged on tuning prompts
+before anyone benchmarks it. No draft: these are the copy rounds alone.
 Writes `<out>.json` and `<out>.md`.
 """
 
