@@ -276,11 +276,12 @@ class CopyAcceptance:
     (`COPY_POSITIONS`), learnt from the copies that reached that position.
 
     Each cell's estimate starts from the call's evidence at that position pooled over every source and match length,
-    which starts from the cell's prior (a first token) or from the pooled estimate of the position before (a next
-    one: what the call learnt of its second tokens also holds for its tenth until a copy gets that far), so a call
-    whose text does not copy learns it from its first few copies, whatever look-up and match length they had. By position, not one rate for every next token: four copies stopped
-    after their first token and one accepted for 40 tokens say that a second token is accepted 1 time in 5, and that
-    the 10th is once the 9th was; one rate learnt from every next token would put both near 0.9."""
+    which starts from the cell's prior (a first token) or from the pooled estimate of the position before (a next one:
+    what the call learnt of its second tokens also holds for its tenth until a copy gets that far), so a call whose text
+    does not copy learns it from its first few copies, whatever look-up and match length they had. By position, not one
+    rate for every next token: four copies stopped after their first token and one accepted for 40 tokens say that a
+    second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
+    would put both near 0.9."""
 
     def __init__(self) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from eval.research.phrase_bound import (
-    PlannedCopies, StepCosts, accepted_prefix, fit_costs, load_rows, prefills_for, replay_rounds,
+    PlannedCopies, StepCosts, accepted_prefix, fit_costs, load_rows, predict, prefills_for, replay_rounds,
     speedup,
 )
 from pacer_hf.phrases import KEY_LENGTHS, Phrase
@@ -160,7 +160,7 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
                                                             CopyVariant(row["prompt"], c, n, output=row["output"],
                                                                         **settings))
                                         for name, settings in VARIANTS.items()}}
-            seconds.update({name: prefill[key] + sum(map(c.round_seconds, rounds)) for name, rounds in rules.items()})
+            seconds.update({name: predict(c, prefill[key], rounds) for name, rounds in rules.items()})
             prompts.append({"new_tokens": n, "predicted": seconds})
         rates = {m: speedup(prompts, lambda p, m=m: p["predicted"][m], lambda p: p["predicted"]["autoregressive"])
                  for m in prompts[0]["predicted"]}

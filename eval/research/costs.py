@@ -5,9 +5,9 @@
 Reports load time and peak memory, autoregressive tokens/s of each model alone, the median time of a k-token
 forward on a KV cache of 200 tokens (`--context`; k = 1..9, `--max-k`), the cost ratio c = draft forward / target
 forward at 1 token, and the target's time for k + 1 tokens against 1 token (what verifying k drafts costs). Then, with
-both models loaded,
-the costs as `pacer-hf train` measures them to pick a threshold, inside generate() for greedy and for sampling
-(`pacer_hf.cost_measurement.measure_cost_model`: a drafted token and a head call, in rounds). JSON + Markdown table.
+both models loaded, the costs as `pacer-hf train` measures them to pick a threshold, inside generate() for greedy and
+for sampling (`pacer_hf.cost_measurement.measure_cost_model`: a drafted token and a head call, in rounds). JSON +
+Markdown table.
 """
 
 import argparse

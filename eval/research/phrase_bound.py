@@ -297,9 +297,10 @@ def fit_costs(rows: list[dict], leave_out: str | None = None) -> tuple[dict[str,
     return costs, dict(zip(prompts, map(float, solution[3 * len(sets) + 1 :])))
 
 
-def predict(costs: StepCosts, prefill: float, calls: int, candidates: int) -> float:
-    """Seconds of a schedule without the draft: the prompt's constant, its target calls and their candidates."""
-    return prefill + costs.round_s * calls + costs.candidate_s * candidates
+def predict(costs: StepCosts, prefill: float, rounds: list[int]) -> float:
+    """Seconds of a schedule without the draft: the prompt's constant and its target calls, each verifying its
+    round's candidates ([`StepCosts.round_seconds`])."""
+    return prefill + sum(map(costs.round_seconds, rounds))
 
 
 def prefills_for(rows: list[dict], cost_rows: list[dict], constants: dict[tuple, float]) -> dict[tuple, float]:
@@ -335,8 +336,8 @@ def analyse(rows: list[dict], cost_rows: list[dict] | None = None) -> dict:
             predicted = {"autoregressive": prefill[key] + c.round_s * n}
             rules = {**row["rules"], POOL_REPLAY: replay_rounds(
                 row["prompt"], row["output"], PlannedCopies(row["prompt"], c, len(row["output"])))}
-            predicted.update({name: predict(c, prefill[key], len(rounds), sum(rounds)) for name, rounds in rules.items()})
-            checks = {m: predict(held[0][set_name], held[1][key], len(row["rules"][m]), sum(row["rules"][m]))
+            predicted.update({name: predict(c, prefill[key], rounds) for name, rounds in rules.items()})
+            checks = {m: predict(held[0][set_name], held[1][key], row["rules"][m])
                       for m, held in held_out.items()}
             schedules = {}
             for name, draft, free, runs in (("oracle-one-phrase", False, False, row["runs"]),
