@@ -79,15 +79,15 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
                                                                                 copied_from=plan.copy.source))
         else:
             candidates = self._draft_then_tail(input_ids, room, draft_room)
-        candidates.record.expected = plan.expected
+        candidates.record.expected, candidates.record.rates = plan.expected, plan.rates
         return candidates
 
     def _draft_then_tail(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
         """The head-stopped draft, then the copied tail the planner finds worth sending after it."""
-        self._draft_started = True
+        first, self._draft_started = not self._draft_started, True
         start, missing = time.perf_counter(), self.draft.missing(input_ids)
         run = self._draft_blocks(input_ids, draft_room)
-        self._draft_s = self._drafting_seconds(time.perf_counter() - start, missing)
+        self._draft_s = self._drafting_seconds(time.perf_counter() - start, missing, first)
         drafted = run.tokens.shape[1]
         record = RoundRecord("draft", drafted, drafted, end=run.end)
         self._tail, tail = NO_PHRASE, []
@@ -100,13 +100,14 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
                 record.copied_from = phrase.source
         return self._copied(run.tokens, run.scores, tail, record)
 
-    def _drafting_seconds(self, wall_s: float, missing: int) -> float:
+    def _drafting_seconds(self, wall_s: float, missing: int, first: bool) -> float:
         """What drafting a round costs without its catch-up: its wall time with the first forward, which also fed the
-        `missing` tokens the draft had not seen (the whole prompt the first time, with one-off set-up costs), priced
-        as the costs say a forward of its other tokens costs. The round's forwards are learnt by the costs here."""
+        `missing` tokens the draft had not seen (the whole prompt the first time, `first`, with one-off set-up costs),
+        priced as the costs say a forward of its other tokens costs. The round's forwards are learnt by the costs
+        here."""
         timings = self.draft.take_timings()  # [(tokens fed, seconds)] of this round's forwards
-        for fed, seconds in timings:
-            self.planner.costs.observe_forward(fed, seconds)
+        for i, (fed, seconds) in enumerate(timings):
+            self.planner.costs.observe_forward(fed, seconds, first=first and i == 0)
         if not timings:
             return wall_s
         fed, seconds = timings[0]
@@ -166,8 +167,9 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         super().update_candidate_strategy(input_ids, scores, num_matches)
         record, accepted = self._round.record, int(num_matches)
         planner = self.planner
+        record.seconds = time.perf_counter() - self._round_start
         if self.stats.rounds > 1:  # the first round's target call also prefilled the prompt: not a round's cost
-            planner.observe_round(input_ids.shape[1] - self._round_length, time.perf_counter() - self._round_start)
+            planner.observe_round(input_ids.shape[1] - self._round_length, record.seconds)
             planner.costs.observe_round(record.sent, target_s)
         if record.kind == "draft":
             planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)

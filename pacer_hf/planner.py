@@ -31,13 +31,14 @@ back towards the prior, so one poor draft round does not end drafting for the re
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .phrases import Phrase
 
-# Priors in units of one plain target step, scaled to seconds by the first timed round. Measured on 2-core CPUs with
-# Qwen2.5-Coder 0.5B -> 1.5B (eval/results/costs-*): a draft forward costs 0.2-0.55 of a step, each token a long
-# catch-up forward feeds about 1%; verification of n candidates 1.0-2.1 steps for a few, +2.5% per candidate.
+# Priors in units of one plain target step, scaled to seconds by the first timed round and then by the step's estimate.
+# Measured on 2-core CPUs with Qwen2.5-Coder 0.5B -> 1.5B (eval/results/costs-*): a draft forward costs 0.2-0.55 of a
+# step, each token a long catch-up forward feeds about 1%; verification of n candidates 1.0-2.1 steps for a few, +2.5%
+# per candidate.
 PRIOR_STEP_S = 0.1  # seconds, until the first round is timed
 PRIOR_VERIFY_BASE = 1.0
 PRIOR_VERIFY_PER_TOKEN = 0.025
@@ -94,6 +95,13 @@ RECENT_ROUNDS = 8
 # drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
 # that do not draft teach it nothing about the draft.
 DRAFT_FORGET = 0.1
+# A draft forward is timed only in rounds that draft, while a plain step and a verification are re-timed by nearly
+# every round; and the costs outlive a call. A draft timed while the machine was slow (a shared machine's speed moves
+# 2x) would be overpriced against steps timed later, and no later round would draft to correct it: in the bar run of
+# eval/results/planner-bar-amd-v2 ten calls drafted once or twice and then took plain steps to the end. So after this
+# many timed target calls without a short draft forward, the draft's cost restarts from its prior at the step's
+# current scale, and its next round re-times it (costs one draft round in this many where drafting does not pay).
+RETIME_DRAFT = 32
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
@@ -170,10 +178,13 @@ class CallCosts:
     - a plain target step (no candidates): `step()`;
     - a target call that verifies n >= 1 candidates: `target(n)` (a + b n up to `SHORT_VERIFY` candidates, then a
       slope of its own from there);
-    - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond).
+    - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond), and
+      apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`.
 
-    The priors are ratios to a step, scaled by the first timed round. One object per (target, draft) pair in a
-    process ([`costs_for`]), so a call starts from what earlier calls measured.
+    The priors are ratios to a step: scaled by the first timed round, then by the step's estimate as plain steps are
+    timed. One object per (target, draft) pair in a process ([`costs_for`]), so a call starts from what earlier calls
+    measured; the draft's costs, which only drafting rounds time, restart from their priors once `RETIME_DRAFT` target
+    calls went by without a draft forward.
     """
 
     def __init__(self) -> None:
@@ -181,17 +192,33 @@ class CallCosts:
         self._verify = _Fit(1.0, SHORT_VERIFY)
         self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY)
         self._draft = _Fit(0.0, SHORT_FORWARD - 1.0)
-        self._feed = _Fit(SHORT_FORWARD, 1024.0)
+        self._feed = _Fit(SHORT_FORWARD, 4.0 * SHORT_FORWARD)  # catch-ups after copies: tens of tokens
+        # A call's first draft forward is fitted apart from later catch-ups: on a fresh cache it costs more per token
+        # (on an Intel Xeon without bfloat16 units, 21 ms a prompt token against 16 ms a token of a catch-up after
+        # 500 cached ones, plus set-up), and a line through prompts of hundreds of tokens, extrapolated down to a
+        # catch-up of 16-100 tokens after some copies or steps, priced it at 3.4 steps where it cost 0.5: once the
+        # draft lagged 16 tokens, the rest of the call stepped.
+        self._prefill = _Fit(1.0, 1024.0)
         self._scale(PRIOR_STEP_S)
         self._scaled = False
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
+        self._draft_age = 0  # target calls timed since the last short draft forward
 
     def _scale(self, step_s: float) -> None:
         self._step.prior = (step_s, 0.0)
         self._verify.prior = (PRIOR_VERIFY_BASE * step_s, PRIOR_VERIFY_PER_TOKEN * step_s)
         self._verify_long.prior = PRIOR_VERIFY_PER_TOKEN * step_s
+        self._scale_draft(step_s)
+
+    def _scale_draft(self, step_s: float) -> None:
         self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
-        self._feed.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
+        self._feed.prior = self._prefill.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
+
+    def _retime_draft(self) -> None:
+        """Forget the draft's timings: its fits restart from the priors at the current step's scale."""
+        fits = (self._draft, self._feed, self._prefill)
+        self._draft, self._feed, self._prefill = (_Fit(fit.n0, fit.n1) for fit in fits)
+        self._scale_draft(self.step())
 
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
@@ -201,16 +228,25 @@ class CallCosts:
             self._scaled = True
         if candidates == 0:
             self._step.observe(0, seconds)
+            # The priors follow the step as it is now, not as the first timed round found it: that round is often
+            # cold (a process's first call), and a prior scaled by it would overprice every option not yet timed.
+            self._scale(self.step())
         else:
             (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, seconds)
         self.steps_timed += int(candidates == 0)
+        self._draft_age += 1
+        if self._draft_age == RETIME_DRAFT:
+            self._retime_draft()
 
-    def observe_forward(self, fed_tokens: int, seconds: float) -> None:
-        """A draft forward that fed `fed_tokens` took `seconds`."""
-        if fed_tokens > SHORT_FORWARD:
+    def observe_forward(self, fed_tokens: int, seconds: float, first: bool = False) -> None:
+        """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache)."""
+        if first:
+            self._prefill.observe(fed_tokens, seconds)
+        elif fed_tokens > SHORT_FORWARD:
             self._feed.observe(fed_tokens, seconds)
         else:
             self._draft.observe(fed_tokens - 1, seconds)
+            self._draft_age = 0
 
     def step(self) -> float:
         return self._step.seconds(0)
@@ -246,9 +282,11 @@ class CallCosts:
             return self._feed.seconds(fed_tokens)
         return self._draft.seconds(fed_tokens - 1)
 
-    def catch_up(self, missing: int) -> float:
-        """What feeding `missing` tokens the draft lacks adds to a round's first draft forward."""
-        return max(self.draft(missing + 1) - self.draft(1), 0.0)
+    def catch_up(self, missing: int, first: bool = False) -> float:
+        """What feeding `missing` tokens the draft lacks adds to a round's first draft forward (`first`: the call's
+        first forward, on a fresh cache)."""
+        forward = self._prefill.seconds(missing + 1) if first else self.draft(missing + 1)
+        return max(forward - self.draft(1), 0.0)
 
 
 _COSTS: "weakref.WeakKeyDictionary[object, dict[int, CallCosts]]" = weakref.WeakKeyDictionary()
@@ -366,13 +404,15 @@ class DraftAcceptance:
 @dataclass
 class Plan:
     """What the planner chose for a round: `"copy"` (send `copy.tokens[:length]`), `"draft"` (draft, then a tail
-    chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; and the new tokens it expects the round to
-    add."""
+    chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; the new tokens it expects the round to add;
+    and the expected new tokens per second of each option it weighed (`"step"`, `"copy"`: the best copy, `"draft"`:
+    with the catch-up it would pay now), so a slow call shows why it chose what it did."""
 
     kind: str
     expected: float
     copy: Phrase | None = None
     length: int = 0
+    rates: dict[str, float] = field(default_factory=dict)
 
 
 class RoundPlanner:
@@ -426,20 +466,23 @@ class RoundPlanner:
             draft_missing (`int`): tokens the draft's cache lacks (its catch-up forward feeds them).
             draft_started (`bool`): whether the draft has run in this call (its first forward fills the cache).
         """
-        best, best_rate = Plan("step", 1.0), (1.0 + STEP_MARGIN) / self.costs.step()
+        step_rate = 1.0 / self.costs.step()
+        best, best_rate = Plan("step", 1.0, rates={"step": step_rate}), (1.0 + STEP_MARGIN) * step_rate
         if not self.costs.steps_timed:  # every option is priced against a step: time one first (it costs nothing)
             return best
+        rates = best.rates
         for option in options:
             length, expected = self.copy_length(option, room=room)
             rate = (1 + expected) / self.costs.target(length) if length else 0.0
+            rates["copy"] = max(rates.get("copy", 0.0), rate)
             if rate > best_rate:
-                best, best_rate = Plan("copy", 1 + expected, option, length), rate
+                best, best_rate = Plan("copy", 1 + expected, option, length, rates), rate
         if draft_room <= 0:
             return best
         drafts = self.drafts
         drafted = max(1, round(min(drafts.drafted, draft_room)))
         expected = 1 + min(drafts.accepted, drafted)
-        catch_up = self.costs.catch_up(draft_missing)
+        catch_up = self.costs.catch_up(draft_missing, first=not draft_started)
         draft_s = drafts.seconds(self.costs) + self.costs.target(drafted)
         draft_rate = expected / draft_s
         # Once started, a round pays its own catch-up (the tokens copied since the draft last ran); the first start
@@ -449,7 +492,8 @@ class RoundPlanner:
             starts = draft_rate > best_rate
         else:
             starts = draft_rate > best_rate and self._repays(catch_up, draft_rate, best_rate)
-        return Plan("draft", expected) if starts else best
+        rates["draft"] = draft_rate
+        return Plan("draft", expected, rates=rates) if starts else best
 
     def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of

@@ -20,6 +20,10 @@ class RoundRecord:
             confirmed).
         copied_from (`str`, *optional*): the look-up that proposed the copied tokens (`"sequence"`, `"earliest"`,
             `"stored"`).
+        rates (`dict[str, float]`, *optional*): the expected new tokens per second of each option the planner weighed
+            for this round (`"step"`, `"copy"`: the best copy, `"draft"`: with the catch-up it would pay then).
+        seconds (`float`, *optional*): the round's wall time, from choosing its candidates to learning from its
+            verification (set once verified).
     """
 
     kind: str
@@ -29,6 +33,8 @@ class RoundRecord:
     accepted: int | None = None
     end: str | None = None
     copied_from: str | None = None
+    rates: dict[str, float] | None = None
+    seconds: float | None = None
 
 
 @dataclass

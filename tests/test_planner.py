@@ -7,7 +7,10 @@ choices are random, in test_phrases.py, test_sampling_exactness.py and test_diff
 import pytest
 
 from pacer_hf.phrases import Phrase
-from pacer_hf.planner import MAX_COPY_TOKENS, SHORT_VERIFY, CallCosts, RoundPlanner, costs_for
+from pacer_hf.planner import (
+    MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, RETIME_DRAFT, SHORT_VERIFY, CallCosts,
+    RoundPlanner, costs_for,
+)
 
 
 def _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15, draft_per_token=0.01, feed=0.002, rounds=40) -> CallCosts:
@@ -17,7 +20,8 @@ def _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15, draft_per_token=0.0
         costs.observe_round(0, step)
         costs.observe_round(1 + i % 20, verify + per_token * (1 + i % 20))
         costs.observe_forward(1 + i % 4, draft + draft_per_token * (i % 4))
-        costs.observe_forward(100 + 50 * (i % 8), draft + feed * (100 + 50 * (i % 8)))
+        costs.observe_forward(100 + 50 * (i % 8), draft + feed * (100 + 50 * (i % 8)), first=True)  # a prompt's
+        costs.observe_forward(20 + 10 * (i % 8), draft + feed * (20 + 10 * (i % 8)))  # a catch-up after copies
     return costs
 
 
@@ -28,7 +32,22 @@ def test_costs_learn_a_step_a_verification_and_the_draft():
     assert costs.target(5) == pytest.approx(0.65, rel=0.02)  # verification has its own base: the jump of a CPU
     assert costs.verify_marginal(1) == pytest.approx(0.01, rel=0.1) == costs.verify_marginal(8)
     assert costs.draft(1) == pytest.approx(0.15, rel=0.05) and costs.draft(3) == pytest.approx(0.17, rel=0.05)
-    assert costs.catch_up(999) == pytest.approx(0.002 * 1000, rel=0.1)  # a long catch-up, priced per token
+    assert costs.catch_up(80) == pytest.approx(0.002 * 80, rel=0.1)  # a long catch-up, priced per token
+    assert costs.catch_up(999, first=True) == pytest.approx(0.002 * 1000, rel=0.1)  # a prompt's
+
+
+def test_a_catch_up_after_copies_is_not_priced_by_the_prompts_first_forward():
+    """A call's first draft forward, on a fresh cache, costs more than a catch-up of as many tokens later (set-up, a
+    steeper slope): a line through prompts of hundreds of tokens, extrapolated down, priced a catch-up of 16 tokens at
+    3.4 steps where it cost 0.5, and once the draft lagged that far a call stepped to its end."""
+    costs = _costs(step=0.3, verify=0.3)  # a draft forward 0.15 s, 2 ms a token of a catch-up
+    for n in range(200, 1200, 100):
+        costs.observe_forward(n, 1.5 + 0.01 * n, first=True)  # prompts: 1.5 s of set-up and 10 ms a token
+    assert costs.catch_up(500, first=True) == pytest.approx(1.5 + 0.01 * 501 - 0.15, rel=0.1)
+    assert costs.catch_up(20) == pytest.approx(0.002 * 20, abs=0.02)
+    planner = RoundPlanner(costs, max_new_tokens=128)
+    _drafting(planner, accepted=3)  # drafting pays
+    assert planner.plan([], room=100, draft_room=8, draft_missing=40, draft_started=True).kind == "draft"
 
 
 def test_short_and_long_verifications_are_fitted_apart():
@@ -58,11 +77,47 @@ def test_the_draft_estimate_drifts_back_to_its_prior_while_the_call_does_not_dra
     assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "draft"
 
 
+def test_a_draft_timed_on_a_slow_machine_is_retimed_once_steps_show_the_machine_is_fast_again():
+    """Steps and verifications are re-timed by nearly every round, the draft only by rounds that draft: a draft timed
+    while the machine ran 2x slower must not lock drafting out of every later call (the bar run's ten calls that
+    drafted once or twice and then stepped to the end). Within `RETIME_DRAFT` target calls it is tried again."""
+    costs = _costs(step=0.6, verify=0.6, draft=0.3, rounds=30)  # everything 2x slow, the draft included
+    for _ in range(20):
+        costs.observe_round(0, 0.3)  # then fast plain steps only
+    assert costs.draft(1) == pytest.approx(0.3, rel=0.05)  # still priced at the slow machine's speed
+    planner = RoundPlanner(costs, max_new_tokens=128)  # a new call, on a short prompt
+    kinds = []
+    for _ in range(RETIME_DRAFT):
+        plan = planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True)
+        kinds.append(plan.kind)
+        if plan.kind == "draft":
+            break
+        costs.observe_round(0, 0.3)
+        planner.observe_round(new_tokens=1, seconds=0.3)
+        planner.drafts.forget()
+    assert kinds[0] == "step" and kinds[-1] == "draft"  # locked out at first, tried again within RETIME_DRAFT
+    assert costs.draft(1) == pytest.approx(PRIOR_DRAFT * costs.step(), rel=0.05)  # its prior, at today's step
+    costs.observe_forward(1, 0.3)  # the retry shows the draft really is that slow now: it is priced so at once
+    assert costs.draft(1) > 0.2
+
+
 def test_costs_start_from_priors_scaled_by_the_first_round():
     costs = CallCosts()
     costs.observe_round(0, 2.0)  # a slow machine: every prior scales with its first step
     assert costs.step() == pytest.approx(2.0)
     assert costs.draft(1) == pytest.approx(0.8) and costs.target(4) > 2.0
+
+
+def test_priors_follow_the_step_not_a_cold_first_round():
+    """A process's first timed round is often slow (cold caches): the options not yet timed (here the draft and a
+    verification) must be priced at the step's current scale, or they look dearer than they are until timed."""
+    costs = CallCosts()
+    costs.observe_round(0, 0.8)  # cold
+    for _ in range(10):
+        costs.observe_round(0, 0.3)
+    assert costs.step() < 0.4
+    assert costs.draft(1) == pytest.approx(PRIOR_DRAFT * costs.step(), rel=0.01)
+    assert costs.target(3) == pytest.approx((PRIOR_VERIFY_BASE + 3 * PRIOR_VERIFY_PER_TOKEN) * costs.step(), rel=0.01)
 
 
 def test_costs_are_shared_per_pair_in_a_process():

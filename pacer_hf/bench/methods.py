@@ -19,6 +19,7 @@ import torch
 
 from pacer_hf import PacerCandidateGenerator, PacerHead, PacerHeadConfig, PacerStats
 from pacer_hf.models import synchronize
+from pacer_hf.stats import RoundRecord
 
 @dataclass
 class RunRecord:
@@ -37,8 +38,8 @@ class RunRecord:
         head_s (`float`, *optional*): seconds in the stop rule's head calls (features + head forward), as
             `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
         phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
-            confirmed by the draft, tokens copied without it and accepted, rounds of each kind); `None` without
-            phrases.
+            confirmed by the draft, tokens copied without it and accepted, rounds of each kind, and `rounds`: each
+            round as a row of `ROUND_FIELDS`, its seconds and the rates the planner weighed); `None` without phrases.
         stats (`PacerStats`, *optional*): the whole statistics of a pacer-hf call; not written to the records.
     """
 
@@ -191,9 +192,22 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
             "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,
             "copied": sum(stats.copied_lengths), "copied_accepted": stats.copied_tokens_accepted,
             "round_kinds": stats.round_kinds,
+            "rounds": [_round_row(plan) for plan in stats.plans],
         } if generate_kwargs.get("pacer_phrases") else None,
         stats=stats,
     )
+
+
+ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate")
+
+
+def _round_row(plan: RoundRecord) -> list:
+    """One planned round as a compact row of `ROUND_FIELDS` (rates in new tokens per second; `None` where the planner
+    did not weigh that option), so a run's records show why each call chose what it did."""
+    rates = plan.rates or {}
+    timings = (plan.seconds, *(rates.get(option) for option in ("step", "copy", "draft")))
+    rounded = [None if x is None else round(x, 4) for x in timings]
+    return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded]
 
 
 def autoregressive(pair: Pair, ids: torch.Tensor) -> RunRecord:

@@ -1,0 +1,92 @@
+"""The harness with the round planner of an earlier commit as one more method, interleaved with today's.
+
+A change to the planner is judged against the planner before it on the same prompts, in one process, every method
+interleaved (this machine's speed moves too much between runs to compare two runs). Method `planner@REV` is
+`entropy+phrases` with `pacer_hf/planner.py` as commit REV had it (read with `git show`), and its own cost estimate
+(`CallCosts` of that planner, shared by its calls as today's is by `entropy+phrases`'s):
+
+    python -m eval.research.planner_ab --rev 60dde82 --pair qwen2.5-coder --dtype bfloat16 --prepack \
+        --prompts sharegpt:1000:6 --methods entropy+phrases planner@60dde82 --out eval/results/planner-ab
+
+Every other argument is the harness's (`pacer-hf bench --help`); the report is the harness's too. The earlier planner
+must offer today's interface (`RoundPlanner(costs, max_new_tokens)`, `plan`, `tail_length`, `observe_round`, and
+`CallCosts`); its plans are recorded as today's `Plan`s.
+"""
+
+import argparse
+import importlib.util
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from pacer_hf import PacerHead
+from pacer_hf import planner as current_planner
+from pacer_hf.bench import methods, run
+from pacer_hf.phrase_drafting import PhraseCandidateGenerator
+
+PLANNER_PATH = "pacer_hf/planner.py"
+
+
+def planner_at(rev: str) -> ModuleType:
+    """`pacer_hf/planner.py` as commit `rev` had it, imported as a module of the package (its relative imports are
+    today's modules)."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        source = subprocess.run(["git", "show", f"{rev}:{PLANNER_PATH}"], cwd=repo, check=True, capture_output=True,
+                                text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        raise ValueError(f"Cannot read {PLANNER_PATH} at {rev!r} from the git repository {repo}: {detail}") from error
+    spec = importlib.util.spec_from_loader(f"pacer_hf._planner_at_{rev}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "pacer_hf"
+    exec(compile(source, f"{rev}:{PLANNER_PATH}", "exec"), module.__dict__)
+    module.Plan = current_planner.Plan  # so that today's generator can record its plans
+    return module
+
+
+def planner_method(rev: str):
+    """The harness method `planner@REV`."""
+    module = planner_at(rev)
+    costs = module.CallCosts()
+    if "first" not in inspect.signature(costs.observe_forward).parameters:
+        # before 2026-12-03 a call's first draft forward was learnt as any other: today's generator says which it is
+        observe = costs.observe_forward
+        costs.observe_forward = lambda fed_tokens, seconds, first=False: observe(fed_tokens, seconds)
+    name = f"planner@{rev}"
+
+    class Generator(PhraseCandidateGenerator):
+        planner_class = module.RoundPlanner
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "costs": costs})  # its own estimate, not today's `costs_for` one
+
+    def method(pair: methods.Pair, ids):
+        head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
+        return methods._timed(pair, name, ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True,
+                              pacer_candidate_generator=Generator)
+
+    return name, method
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rev", required=True, help="the commit whose planner runs as method `planner@REV`")
+    args, bench_argv = parser.parse_known_args(argv)
+    name, method = planner_method(args.rev)
+    registry = run.registry
+
+    def with_earlier_planner(pair: methods.Pair) -> dict:
+        return {**registry(pair), name: method}
+
+    run.registry = with_earlier_planner
+    try:
+        run.main(bench_argv, prog="python -m eval.research.planner_ab")
+    finally:
+        run.registry = registry
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
