@@ -97,10 +97,11 @@ RECENT_ROUNDS = 8
 DRAFT_FORGET = 0.1
 # A draft forward is timed only in rounds that draft, while a plain step and a verification are re-timed by nearly
 # every round; and the costs outlive a call. A draft timed while the machine was slow (a shared machine's speed moves
-# 2x) would be overpriced against steps timed later, and no later round would draft to correct it: in the bar run of
-# eval/results/planner-bar-amd-v2 ten calls drafted once or twice and then took plain steps to the end. So after this
-# many timed target calls without a short draft forward, the draft's cost restarts from its prior at the step's
-# current scale, and its next round re-times it (costs one draft round in this many where drafting does not pay).
+# 2x) would be overpriced against steps timed later, and no later round would draft to correct it (one of two faults
+# that fit the ten calls of eval/results/planner-bar-amd-v2 that drafted once or twice and then stepped to the end; the
+# other, the price of a catch-up, is in `CallCosts`). So after this many timed target calls without a short draft
+# forward, the draft's cost restarts from its prior at the step's current scale, and its next round re-times it
+# (costs one draft round in this many where drafting does not pay).
 RETIME_DRAFT = 32
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
