@@ -407,7 +407,8 @@ class Plan:
     """What the planner chose for a round: `"copy"` (send `copy.tokens[:length]`), `"draft"` (draft, then a tail
     chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; the new tokens it expects the round to add;
     and the expected new tokens per second of each option it weighed (`"step"`, `"copy"`: the best copy, `"draft"`:
-    with the catch-up it would pay now), so a slow call shows why it chose what it did."""
+    with the round's catch-up once the draft has started; before, without the prompt's, which the rest of the call
+    must repay), so a slow call shows why it chose what it did."""
 
     kind: str
     expected: float
