@@ -5,8 +5,9 @@ through the loop's two seams:
 - `_propose`: a [`RoundPlanner`] picks each round's candidates: a copy from the sequence without the draft, the
   draft (stopped by the head) and then perhaps a copied tail, or a plain target step;
 - `_draft_steps`: phrase confirmation (Ouroboros, arXiv 2402.13720): each draft forward also feeds a looked-up
-  phrase, and the draft moves on to the phrase's next token only while its own choice equals it, so one forward
-  yields 1 to m + 1 tokens, each drawn from the draft's own q on the right prefix;
+  phrase (as many of its tokens as the planner finds worth feeding), and the draft moves on to the phrase's next token
+  only while its own choice equals it, so one forward yields 1 to m + 1 tokens, each drawn from the draft's own q on
+  the right prefix;
 - `update_candidate_strategy`: the planner learns the round's costs and acceptance, and the pool stores what a
   rejected round teaches (the target's tokens on the rejected branch).
 
@@ -136,29 +137,37 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
     # ---- where the draft's tokens come from: phrase confirmation -------------------------------------------
 
     def _draft_steps(self, input_ids: torch.LongTensor, room: int) -> Iterator[DraftStep]:
-        """The draft's tokens, each forward feeding a looked-up phrase of m tokens beside the draft's input: the
-        draft picks its token at each fed position exactly as it would alone, and moves on to the next position only
-        while its token equals the phrase's. Ends early when the draft confirmed a whole phrase: the text is being
-        copied, and the planner may send a tail after the drafted tokens."""
+        """The draft's tokens, each forward feeding a looked-up phrase of m tokens beside the draft's input (m from
+        [`RoundPlanner.confirm_length`], which weighs the call's confirmations so far against what a fed token adds
+        to a forward): the draft picks its token at each fed position exactly as it would alone, and moves on to the
+        next position only while its token equals the phrase's. Ends early when the draft confirmed a whole phrase:
+        the text is being copied, and the planner may send a tail after the drafted tokens."""
         ids, produced = input_ids, 0  # [1, L + i]
         while produced < room:
             start = time.perf_counter()
-            phrase = self.phrases.lookup(ids[0].tolist(), min(room - produced - 1, self.phrases.phrase_length)).tokens
+            offer = self.planner.confirm_length(min(room - produced - 1, self.phrases.phrase_length))
+            phrase = self.phrases.lookup(ids[0].tolist(), offer).tokens if offer else []
             self.stats.phrase_tokens_offered += len(phrase)
             logits, hidden = self.draft.forward(ids, phrase)  # [1, m + 1, V], [1, m + 1, H]
-            for j in range(len(phrase) + 1):
-                if j:  # phrase token j - 1 was confirmed: this position's logits saw the right prefix
-                    start = time.perf_counter()
-                    self.stats.phrase_tokens_confirmed += 1
-                step = self._select(ids, logits[:, j], hidden[:, j])
-                self.stats.draft_time_s += time.perf_counter() - start
-                ids, produced = torch.cat([ids, step.token], dim=-1), produced + 1
-                yield step
-                if j < len(phrase) and int(step.token) != phrase[j]:
-                    break  # the later fed positions saw the phrase's token, not the draft's: next forward
-            else:
-                if phrase and len(phrase) == self.phrases.phrase_length:
-                    return
+            reached = confirmed = 0  # phrase positions the draft chose a token at, and its run of the phrase's
+            try:
+                for j in range(len(phrase) + 1):
+                    if j:  # phrase token j - 1 was confirmed: this position's logits saw the right prefix
+                        start = time.perf_counter()
+                        self.stats.phrase_tokens_confirmed += 1
+                    step = self._select(ids, logits[:, j], hidden[:, j])
+                    self.stats.draft_time_s += time.perf_counter() - start
+                    ids, produced = torch.cat([ids, step.token], dim=-1), produced + 1
+                    matched = j < len(phrase) and int(step.token) == phrase[j]
+                    reached, confirmed = reached + (j < len(phrase)), confirmed + matched
+                    yield step
+                    if j < len(phrase) and not matched:
+                        break  # the later fed positions saw the phrase's token, not the draft's: next forward
+                else:
+                    if phrase and len(phrase) == self.phrases.phrase_length:
+                        return
+            finally:  # also when the head stops the draft inside the phrase
+                self.planner.confirmations.observe(reached, confirmed)
 
     # ---- what a round teaches -----------------------------------------------------------------------------
 

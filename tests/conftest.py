@@ -50,14 +50,16 @@ def _seed():
 
 class ScriptedPlanner(RoundPlanner):
     """A planner whose choices are seeded coin flips among what a round allows: copy one of the look-up's options
-    (a random length), draft (then a random tail), or a plain step. It covers every planner choice, and rounds that
+    (a random length), draft (feeding phrases of random lengths for confirmation, then a random tail), or a plain step. It covers every planner choice, and rounds that
     switch source mid-call, whatever the costs; exactness must hold for all of them."""
 
     calls = itertools.count()  # each call's planner draws its own choices, reproducibly over a test
 
     def __init__(self, costs, max_new_tokens, seed: int = 0, kinds: tuple[str, ...] = ("copy", "draft", "step")):
         super().__init__(costs, max_new_tokens)
-        self.rng, self.kinds = random.Random(seed * 100_003 + next(self.calls)), kinds
+        call = seed * 100_003 + next(self.calls)
+        self.rng, self.kinds = random.Random(call), kinds
+        self.confirm_rng = random.Random(f"confirm-{call}")  # its own draws: the rounds' choices stay as they were
 
     def plan(self, options, room, draft_room, draft_missing, draft_started):
         kinds = [k for k in self.kinds if (k != "copy" or options) and (k != "draft" or draft_room > 0)] or ["step"]
@@ -66,6 +68,10 @@ class ScriptedPlanner(RoundPlanner):
             option = self.rng.choice(options)
             return Plan("copy", 1.0, option, self.rng.randint(1, min(len(option.tokens), room)))
         return Plan(kind, 1.0)
+
+    def confirm_length(self, phrase_length):
+        rng = self.confirm_rng
+        return phrase_length if rng.random() < 0.5 else rng.randint(0, phrase_length)
 
     def tail_length(self, option, room, end, drafted):
         if option is None or room <= 0 or self.rng.random() < 0.5:

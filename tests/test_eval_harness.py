@@ -386,3 +386,20 @@ def test_bench_without_its_extra_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pacer_hf.bench.run", None)  # as if a dependency of the harness were missing
     assert main(["bench", "--pair", "tiny"]) != 0
     assert "pip install 'pacer-hf[bench]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "dtype", "device", "warned"), [
+    (["avx2", "avx512f"], "bfloat16", "cpu", True),  # bfloat16 emulated in software
+    (["avx512_bf16", "avx512f"], "bfloat16", "cpu", False),
+    (["amx_bf16", "amx_tile"], "bfloat16", "cpu", False),
+    (["avx2", "avx512f"], "float32", "cpu", False),
+    (["avx2", "avx512f"], "bfloat16", "cuda", False),
+    ([], "bfloat16", "cpu", False),  # flags unknown (not x86 Linux): no guess
+])
+def test_bench_warns_of_bfloat16_on_a_cpu_without_bfloat16_instructions(monkeypatch, flags, dtype, device, warned):
+    import argparse
+
+    from pacer_hf.bench import run
+
+    monkeypatch.setattr(run, "_cpu_flags", lambda: flags)
+    assert run._bfloat16_emulated(argparse.Namespace(dtype=dtype, device=device)) is warned

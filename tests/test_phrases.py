@@ -165,9 +165,9 @@ def test_planned_greedy_equals_target_greedy_grid(arch, draft_kind, pool_kind, b
     # every confirmed phrase token saved one draft forward
     assert sum(stats.draft_lengths) == sum(stats.draft_forwards) + stats.phrase_tokens_confirmed
     assert all(a <= d + c for a, d, c in zip(stats.accepted_lengths, stats.draft_lengths, stats.copied_lengths))
-    if pool_kind == "always" and max(stats.draft_lengths) > 1:  # every phrase token is the draft's own choice
-        assert stats.tokens_per_draft_forward > 1
-    elif pool_kind == "never":
+    # (that the "always" pool's phrases are confirmed at all is checked by the candidate-rows test below; here
+    # the scripted planner feeds phrases of random lengths, 0 included, and a random head stops inside many of them)
+    if pool_kind == "never":
         assert stats.phrase_tokens_confirmed == 0 and stats.tokens_per_draft_forward == 1
 
 

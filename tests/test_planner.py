@@ -8,8 +8,8 @@ import pytest
 
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
-    MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, RETIME_DRAFT, SHORT_VERIFY, CallCosts,
-    RoundPlanner, costs_for,
+    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE,
+    PRIOR_VERIFY_PER_TOKEN, RETIME_DRAFT, SHORT_VERIFY, CallCosts, Confirmations, RoundPlanner, costs_for,
 )
 
 
@@ -252,3 +252,39 @@ def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepte
     assert planner.tail_length(_likely(), room=50, end="source", drafted=4)[0] \
         > planner.tail_length(_likely(), 50, "head", 4)[0]
     assert planner.tail_length(None, room=50, end="source", drafted=4) == (0, 0.0)
+
+
+def test_phrase_confirmation_feeds_what_the_calls_confirmations_pay_for():
+    """Where a fed token costs about nothing (bfloat16 matrix units, a GPU), a draft forward feeds the tokens that
+    together add at most `FREE_VERIFY` of it however rarely the draft confirms; where each costs 8% of the forward
+    (float32 on a CPU), only while confirmations pay (one confirmed of 171 offered in a chat call: the forwards grew
+    and saved nothing). A call whose draft confirms whole phrases feeds them whole on either machine."""
+    flat = RoundPlanner(_costs(draft=0.15, draft_per_token=0.0), max_new_tokens=128)
+    steep = RoundPlanner(_costs(draft=0.15, draft_per_token=0.012), max_new_tokens=128)
+    assert flat.costs.draft_marginal() < 0.003  # (the prior's slope, fading: the forwards observed fed 1 to 4 tokens)
+    assert steep.costs.draft_marginal() == pytest.approx(0.012, rel=0.05)
+    free = int(FREE_VERIFY * flat.costs.draft(1) / flat.costs.draft_marginal())
+    assert free >= 3
+    assert flat.confirm_length(8) > steep.confirm_length(8) > 0  # the prior: a first token at 0.1, the next at 0.6
+    for planner in (flat, steep):
+        for _ in range(30):
+            planner.confirmations.observe(reached=1, confirmed=0)  # the draft disagrees at the first token
+    assert flat.confirm_length(8) == free and steep.confirm_length(8) == 0
+    assert flat.confirm_length(2) == 2  # never more than the phrase has
+    for planner in (flat, steep):
+        for _ in range(60):
+            planner.confirmations.observe(reached=8, confirmed=8)  # the text turns to copying: whole phrases confirmed
+        assert planner.confirm_length(8) == 8
+        assert planner.confirm_length(0) == 0  # no room after this token
+
+
+def test_confirmations_count_only_the_positions_the_draft_reached():
+    confirmations = Confirmations()
+    confirmations.observe(reached=0, confirmed=0)  # nothing fed: nothing learnt
+    assert confirmations.hazards() == pytest.approx(CONFIRM_PRIOR)
+    confirmations.observe(reached=3, confirmed=2)  # two confirmed, the third not
+    confirmations.observe(reached=2, confirmed=2)  # the head stopped the draft after two confirmed: no failure
+    first, later = confirmations.hazards()
+    weight = COPY_PRIOR_WEIGHT
+    assert first == pytest.approx((2 + weight * CONFIRM_PRIOR[0]) / (2 + weight))
+    assert later == pytest.approx((2 + weight * CONFIRM_PRIOR[1]) / (3 + weight))  # 2nd, 3rd of one; 2nd of the other

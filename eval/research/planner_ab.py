@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from pacer_hf import PacerHead
 from pacer_hf import planner as current_planner
 from pacer_hf.bench import methods, run
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
@@ -47,6 +46,21 @@ def planner_at(rev: str) -> ModuleType:
     return module
 
 
+def _feeding_whole_phrases(planner_class: type) -> type:
+    """A planner from before 2026-12-03, when every draft forward fed the whole looked-up phrase for confirmation, with
+    today's confirmation interface."""
+
+    class WholePhrases(planner_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.confirmations = current_planner.Confirmations()  # learnt, never read
+
+        def confirm_length(self, phrase_length: int) -> int:
+            return phrase_length
+
+    return WholePhrases
+
+
 def planner_method(rev: str):
     """The harness method `planner@REV`."""
     module = planner_at(rev)
@@ -56,19 +70,17 @@ def planner_method(rev: str):
         observe = costs.observe_forward
         costs.observe_forward = lambda fed_tokens, seconds, first=False: observe(fed_tokens, seconds)
     name = f"planner@{rev}"
+    earlier = module.RoundPlanner
+    if not hasattr(earlier, "confirm_length"):
+        earlier = _feeding_whole_phrases(earlier)
 
     class Generator(PhraseCandidateGenerator):
-        planner_class = module.RoundPlanner
+        planner_class = earlier
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{**kwargs, "costs": costs})  # its own estimate, not today's `costs_for` one
 
-    def method(pair: methods.Pair, ids):
-        head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
-        return methods._timed(pair, name, ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True,
-                              pacer_candidate_generator=Generator)
-
-    return name, method
+    return name, methods.planned(name, Generator)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -271,11 +271,22 @@ def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
     return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=False)
 
 
-def entropy_phrases(pair: Pair, ids: torch.Tensor) -> RunRecord:
+def planned(name: str = "entropy+phrases",
+            generator: Callable | None = None) -> Callable[[Pair, torch.Tensor], RunRecord]:
     """The entropy stop with planned rounds (a fresh pool per prompt; `generate()`'s default): each round copies,
-    drafts or steps, as the round planner finds faster. The README's recommended call."""
-    head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
-    return _timed(pair, "entropy+phrases", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True)
+    drafts or steps, as the round planner finds faster. The README's recommended call, as method `name`; `generator`:
+    the `pacer_candidate_generator` to plan with instead of generate()'s own (`eval.research.planner_ab` runs an
+    earlier commit's planner through it)."""
+
+    def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
+        head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
+        chosen = {"pacer_candidate_generator": generator} if generator is not None else {}
+        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True, **chosen)
+
+    return run
+
+
+entropy_phrases = planned()
 
 
 def pacer_at(threshold: float | None) -> Callable[[Pair, torch.Tensor], RunRecord]:

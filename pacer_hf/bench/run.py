@@ -47,6 +47,15 @@ def _cpu_flags() -> list[str]:
     return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni", "avx_ne_convert"))
 
 
+def _bfloat16_emulated(args: argparse.Namespace) -> bool:
+    """Whether this run's bfloat16 matmuls run on a CPU that has no bfloat16 instructions (x86 Linux, where the flags
+    are known): torch then converts to float32 in software, and a forward's cost grows with the tokens it feeds."""
+    flags = _cpu_flags()
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    return (args.dtype == "bfloat16" and on_cpu and bool(flags)
+            and not {"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def environment(args: argparse.Namespace, head: PacerHead | None = None,
                 other_heads: dict[str, PacerHead] | None = None) -> dict:
     return {
@@ -209,6 +218,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parser.parse_args(argv)
     if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print("warning: set OMP_WAIT_POLICY=PASSIVE before starting Python, or timings stall (docs/cpu.md)")
+    if _bfloat16_emulated(args):
+        print("warning: this CPU has no bfloat16 instructions (no avx512_bf16 or amx_bf16 flag), so a bfloat16 "
+              "forward grows with its tokens and verifying candidates costs several plain steps; consider "
+              "--dtype float32 --prepack (docs/cpu.md)")
     write_report(run(args), args.out)
 
 
