@@ -440,8 +440,7 @@ class Plan:
     """What the planner chose for a round: `"copy"` (send `copy.tokens[:length]`), `"draft"` (draft, then a tail
     chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; the new tokens it expects the round to add;
     and the expected new tokens per second of each option it weighed (`"step"`, `"copy"`: the best copy, `"draft"`:
-    with the round's catch-up once the draft has started; before, without the prompt's, which the rest of the call
-    must repay), so a slow call shows why it chose what it did."""
+    without its catch-up, which the rest of the call must repay), so a slow call shows why it chose what it did."""
 
     kind: str
     expected: float
@@ -519,17 +518,24 @@ class RoundPlanner:
         drafted = max(1, round(min(drafts.drafted, draft_room)))
         expected = 1 + min(drafts.accepted, drafted)
         catch_up = self.costs.catch_up(draft_missing, first=not draft_started)
-        draft_s = drafts.seconds(self.costs) + self.costs.target(drafted)
-        draft_rate = expected / draft_s
-        # Once started, a round pays its own catch-up (the tokens copied since the draft last ran); the first start
-        # pays the prompt's, which the rest of the call must repay.
-        if draft_started:
-            draft_rate = expected / (draft_s + catch_up)
-            starts = draft_rate > best_rate
-        else:
-            starts = draft_rate > best_rate and self._repays(catch_up, draft_rate, best_rate)
+        draft_rate = expected / (drafts.seconds(self.costs) + self.costs.target(drafted))
         rates["draft"] = draft_rate
+        if draft_rate <= best_rate:
+            return best
+        # The catch-up (the prompt's at the first start; later, the tokens stepped or copied since the draft last
+        # ran) is paid once, then the call drafts at `draft_rate`: the rest of the call must repay it. Charged to one
+        # round instead, it grew with every step, and a call that stepped after a poor draft round stepped to the end.
+        if draft_started:
+            starts = self._saves(catch_up, best_rate, draft_rate)
+        else:
+            starts = self._repays(catch_up, draft_rate, best_rate)
         return Plan("draft", expected, rates=rates) if starts else best
+
+    def _saves(self, price: float, other_rate: float, draft_rate: float) -> bool:
+        """Whether drafting the rest of the call's budget at `draft_rate` instead of `other_rate` saves more than
+        `price` seconds."""
+        remaining = max(self.max_new_tokens - self.new_tokens, 0)
+        return remaining * (1 / other_rate - 1 / draft_rate) > price
 
     def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
@@ -541,10 +547,7 @@ class RoundPlanner:
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)
-        if draft_rate <= other_rate:
-            return False
-        remaining = max(self.max_new_tokens - self.new_tokens, 0)
-        return remaining * (1 / other_rate - 1 / draft_rate) > catch_up
+        return draft_rate > other_rate and self._saves(catch_up, other_rate, draft_rate)
 
     def confirm_length(self, phrase_length: int) -> int:
         """How many tokens of a looked-up phrase of `phrase_length` a draft forward feeds for confirmation: token i
