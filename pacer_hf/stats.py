@@ -21,8 +21,8 @@ class RoundRecord:
         copied_from (`str`, *optional*): the look-up that proposed the copied tokens (`"sequence"`, `"earliest"`,
             `"stored"`).
         rates (`dict[str, float]`, *optional*): the expected new tokens per second of each option the planner weighed
-            for this round (`"step"`, `"copy"`: the best copy, `"draft"`: without its catch-up, which the rest of the call
-            must repay).
+            for this round (`"step"`, `"copy"`: the best copy, `"draft"`: without its catch-up, which the rest of the
+            call must repay).
         seconds (`float`, *optional*): the round's wall time, from choosing its candidates to learning from its
             verification (set once verified).
     """

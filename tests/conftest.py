@@ -50,8 +50,9 @@ def _seed():
 
 class ScriptedPlanner(RoundPlanner):
     """A planner whose choices are seeded coin flips among what a round allows: copy one of the look-up's options
-    (a random length), draft (feeding phrases of random lengths for confirmation, then a random tail), or a plain step. It covers every planner choice, and rounds that
-    switch source mid-call, whatever the costs; exactness must hold for all of them."""
+    (a random length), draft (feeding phrases of random lengths for confirmation, then a random tail), or a plain
+    step. It covers every planner choice, and rounds that switch source mid-call, whatever the costs; exactness must
+    hold for all of them."""
 
     calls = itertools.count()  # each call's planner draws its own choices, reproducibly over a test
 
