@@ -12,6 +12,10 @@
    rows (transformers would route the former to universal assisted generation).
 3. Host-device synchronisations per drafted token (`torch.cuda.set_sync_debug_mode`), PACER's loop against
    transformers'.
+4. The README's call (planned rounds, the entropy stop) against plain greedy `generate()`, seconds per new token, and
+   the kinds of rounds the planner chose: where drafts accept nothing, what its planning costs on this machine.
+5. What a forward costs by tokens fed after a 1,000-token context, target and draft: the verification cost per
+   candidate and the draft's cost that the planner weighs (on the CPU a 1.5B target's is flat to about 9 tokens).
 Random weights accept nothing, so acceptance on a GPU is not measurable here; the loops' costs are.
 
 On the device machines of this workplace (torch 2.11, transformers 5.17 installed): carry pacer-hf's pins as wheels
@@ -29,7 +33,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 import pacer_hf
 from pacer_hf import PacerHead, PacerHeadConfig, PacerStats
@@ -51,6 +55,7 @@ TINY_CONFIGS = {
 COMMON = dict(max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, bos_token_id=None,
               eos_token_id=None, pad_token_id=None)
 PROMPT_TOKENS, NEW_TOKENS, DRAFT_LENGTH, REPEATS = 128, 64, 4, 3
+CONTEXT, FED = 1000, (1, 2, 4, 8, 16, 32)
 
 
 class _SameVocabulary:
@@ -114,6 +119,37 @@ def per_round(target, draft, ids, pacer: bool, tokenizers: dict) -> dict:
     return {"seconds_per_round": times[len(times) // 2] / rounds, "syncs_per_drafted_token": syncs}
 
 
+def per_token(target, draft, ids, pacer: bool) -> dict:
+    """Median seconds per new token of plain greedy `generate()` or of the README's call (planned rounds, the
+    entropy stop), with the kinds of rounds the planner chose in the median call."""
+    kwargs = {"assistant_model": draft, "pacer_head": PacerHead.entropy_stop(draft)} if pacer else {}
+    _timed(target, ids, **kwargs)  # warm-up
+    runs = sorted((_timed(target, ids, **kwargs) for _ in range(REPEATS)), key=lambda run: run[0])
+    seconds, stats = runs[len(runs) // 2]
+    return {"seconds_per_token": seconds / NEW_TOKENS, "round_kinds": stats.round_kinds if stats else None}
+
+
+@torch.no_grad()
+def forward_costs(model) -> dict[int, float]:
+    """Median seconds of one cached forward that feeds k tokens after `CONTEXT` tokens, for each k of `FED`."""
+    ids = torch.randint(1000, (1, CONTEXT + max(FED)), generator=torch.Generator().manual_seed(1)).to(model.device)
+    cache = DynamicCache()
+    model(ids[:, :CONTEXT], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    costs = {}
+    for k in FED:
+        times = []
+        for _ in range(2 + 2 * REPEATS - 1):  # two warm-ups
+            synchronize(model.device)
+            start = time.perf_counter()
+            model(ids[:, CONTEXT:CONTEXT + k], past_key_values=cache, use_cache=True, logits_to_keep=k)
+            synchronize(model.device)
+            times.append(time.perf_counter() - start)
+            cache.crop(-k)  # drop what this forward fed
+        costs[k] = sorted(times[2:])[len(times[2:]) // 2]
+    assert cache.get_seq_length() == CONTEXT, "each forward's tokens are dropped again"
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output prefix (.json, .md)")
@@ -127,7 +163,9 @@ def main() -> None:
     if not args.skip_tests:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
                                cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        result["cuda_tests"] = {"returncode": tests.returncode, "summary": tests.stdout.strip().splitlines()[-1:]}
+        output = (tests.stdout + tests.stderr).strip().splitlines()
+        result["cuda_tests"] = {"returncode": tests.returncode, "summary": output[-1:],
+                                "failures": output[-60:] if tests.returncode else []}
     configs = TINY_CONFIGS if args.tiny else QWEN_CONFIGS
     dtype = torch.float32 if args.tiny else torch.bfloat16
     target = build("qwen2.5-7b", configs, args.device, dtype)
@@ -136,11 +174,17 @@ def main() -> None:
     padded = build("qwen2.5-0.5b", configs, args.device, dtype)
     same_rows = build("qwen2.5-0.5b", configs, args.device, dtype, vocab_size=rows)
     tokenizers = {"tokenizer": _SameVocabulary(1000), "assistant_tokenizer": _SameVocabulary(1000)}
+    result["calls"] = {  # before `per_round`, which sets the draft's assisted-generation schedule
+        "plain greedy": per_token(target, same_rows, ids, pacer=False),
+        "pacer-hf, the README's call": per_token(target, same_rows, ids, pacer=True),
+    }
     result["rounds"] = {
         "transformers, same rows": per_round(target, same_rows, ids, pacer=False, tokenizers={}),
         "pacer-hf, same rows": per_round(target, same_rows, ids, pacer=True, tokenizers={}),
         "pacer-hf, padded pair": per_round(target, padded, ids, pacer=True, tokenizers=tokenizers),
     }
+    result["forward_ms_by_tokens_fed"] = {name: {k: 1000 * t for k, t in forward_costs(model).items()}
+                                          for name, model in (("target", target), ("draft", same_rows))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"GPU check on {result['gpu'] or args.device} (`python eval/gpu_check.py`), "
@@ -150,6 +194,13 @@ def main() -> None:
     for name, row in result["rounds"].items():
         syncs = "-" if row["syncs_per_drafted_token"] is None else f"{row['syncs_per_drafted_token']:.2f}"
         lines.append(f"| {name} | {1000 * row['seconds_per_round']:.1f} | {syncs} |")
+    lines += ["", "| call (same-rows pair) | ms per new token | rounds by kind |", "|---|---|---|"]
+    for name, row in result["calls"].items():
+        lines.append(f"| {name} | {1000 * row['seconds_per_token']:.1f} | {row['round_kinds'] or '-'} |")
+    lines += ["", f"| ms per forward after {CONTEXT} tokens, by tokens fed | " + " | ".join(map(str, FED)) + " |",
+              "|---|" + "---|" * len(FED)]
+    for name, costs in result["forward_ms_by_tokens_fed"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{costs[k]:.1f}" for k in FED) + " |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

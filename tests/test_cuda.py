@@ -1,4 +1,5 @@
-"""PACER on a CUDA device: the greedy equality grid, planned rounds, a padded pair and sampling, on tiny models.
+"""PACER on a CUDA device: the greedy equality grid, planned rounds, a padded pair and sampling (the chi-square test
+with a negative control), on tiny models.
 
 Skipped where torch sees no CUDA device (CI has none); `eval/gpu_check.py` runs these and the real-size overhead
 measurement on a GPU machine.
@@ -54,12 +55,24 @@ def test_the_real_planner_and_a_padded_pair_on_cuda():
     assert torch.equal(out, _plain(target))
 
 
-def test_sampling_runs_on_cuda():
-    target, draft = _pair("llama", "noisy")
-    head = make_head(draft, "random", decoding="sampling").to(DEVICE)
-    out = target.generate(PROMPT.to(DEVICE), assistant_model=draft, pacer_head=head, do_sample=True, top_k=0,
-                          pacer_phrases=True, max_new_tokens=MAX_NEW_TOKENS)
-    assert out.shape[1] == PROMPT.shape[1] + MAX_NEW_TOKENS
+@functools.lru_cache(maxsize=None)
+def _exact_pair():
+    from test_sampling_exactness import exact_pair_and_joint
+
+    return exact_pair_and_joint(DEVICE)
+
+
+def test_sampling_keeps_the_target_distribution_on_cuda():
+    # CUDA's sampler and kernels, the CPU test's chi-square: planned rounds of every kind, phrases confirmed by the draft
+    from test_sampling_exactness import _chi_square_pvalue
+
+    assert _chi_square_pvalue(*_exact_pair(), scripted_rounds(seed=2), max_draft=2, phrases=True) > 1e-3
+
+
+def test_the_chi_square_test_catches_a_broken_generator_on_cuda():
+    from test_sampling_exactness import _chi_square_pvalue, _ReturnsUnprocessedLogits
+
+    assert _chi_square_pvalue(*_exact_pair(), _ReturnsUnprocessedLogits) < 1e-5
 
 
 def test_a_head_on_another_device_than_the_draft_is_refused_with_the_fix():

@@ -20,4 +20,10 @@ def test_the_gpu_check_runs_on_tiny_models_on_the_cpu(tmp_path):
     assert set(result["rounds"]) == {"transformers, same rows", "pacer-hf, same rows", "pacer-hf, padded pair"}
     assert all(row["seconds_per_round"] > 0 and row["syncs_per_drafted_token"] is None  # counted on CUDA only
                for row in result["rounds"].values())
-    assert "| pacer-hf, padded pair |" in out.with_suffix(".md").read_text()
+    assert set(result["calls"]) == {"plain greedy", "pacer-hf, the README's call"}
+    assert all(row["seconds_per_token"] > 0 for row in result["calls"].values())
+    assert sum(result["calls"]["pacer-hf, the README's call"]["round_kinds"].values()) > 0
+    assert all(set(costs) == {"1", "2", "4", "8", "16", "32"} and min(costs.values()) > 0
+               for costs in result["forward_ms_by_tokens_fed"].values())  # JSON keys are strings
+    table = out.with_suffix(".md").read_text()
+    assert "| pacer-hf, padded pair |" in table and "| pacer-hf, the README's call |" in table

@@ -58,6 +58,11 @@ class _ReturnsUnprocessedLogits(PacerCandidateGenerator):
 
 @pytest.fixture(scope="module")
 def pair_and_exact_joint():
+    return exact_pair_and_joint()
+
+
+def exact_pair_and_joint(device: str = "cpu") -> tuple:
+    """The tiny pair on `device`, and the exact p(x1, x2) of its target (enumerated on the CPU) as `[V * V]`."""
     target, draft = tiny_pair("llama", "independent", seed=3, vocab_size=VOCAB)
     with torch.no_grad():
         first = (target(PROMPT).logits[0, -1] / TEMPERATURE).double().softmax(-1)  # p(x1)
@@ -69,7 +74,7 @@ def pair_and_exact_joint():
                 for a in range(VOCAB)
             ]
         )  # [V, V]: p(x1, x2)
-    return target, draft, joint.flatten().numpy()
+    return target.to(device), draft.to(device), joint.flatten().numpy()
 
 
 class _GreedyDraftPhrases(PhrasePool):
@@ -88,7 +93,7 @@ class _GreedyDraftPhrases(PhrasePool):
         if context not in self._cache:
             ids = list(context)
             for _ in range(4):
-                ids.append(int(self.draft(torch.tensor([ids])).logits[0, -1].argmax()))
+                ids.append(int(self.draft(torch.tensor([ids], device=self.draft.device)).logits[0, -1].argmax()))
             self._cache[context] = ids[len(context) :]
         return self._cache[context]
 
@@ -156,6 +161,7 @@ def _chi_square_pvalue(
         head = _TokenProbabilityHead(config)
     else:  # the library's weightless rule: stops that depend on the drafted prefix through q's entropy
         head = PacerHead(dataclasses.replace(config, architecture="entropy", entropy_threshold=entropy_threshold))
+    head = head.to(target.device)
     pool = _GreedyDraftPhrases(draft) if phrases else None
     torch.manual_seed(1234)
     counts = np.zeros(VOCAB * VOCAB)
@@ -164,8 +170,8 @@ def _chi_square_pvalue(
     for _ in range(NUM_SAMPLES):
         stats = PacerStats()
         out = target.generate(
-            PROMPT, assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE, top_k=0,
-            max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls, pacer_stats=stats,
+            PROMPT.to(target.device), assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE,
+            top_k=0, max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls, pacer_stats=stats,
         )
         first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
         counts[first * VOCAB + second] += 1
