@@ -26,6 +26,7 @@ On the device machines of this workplace (torch 2.11, transformers 5.17 installe
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -55,7 +56,7 @@ TINY_CONFIGS = {
 COMMON = dict(max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, bos_token_id=None,
               eos_token_id=None, pad_token_id=None)
 PROMPT_TOKENS, NEW_TOKENS, DRAFT_LENGTH, REPEATS = 128, 64, 4, 3
-CONTEXT, FED = 1000, (1, 2, 4, 8, 16, 32)
+CONTEXT, FED, FORWARD_REPEATS = 1000, (1, 2, 4, 8, 16, 32), 5
 
 
 class _SameVocabulary:
@@ -138,14 +139,14 @@ def forward_costs(model) -> dict[int, float]:
     costs = {}
     for k in FED:
         times = []
-        for _ in range(2 + 2 * REPEATS - 1):  # two warm-ups
+        for _ in range(2 + FORWARD_REPEATS):  # the first two are warm-ups
             synchronize(model.device)
             start = time.perf_counter()
             model(ids[:, CONTEXT:CONTEXT + k], past_key_values=cache, use_cache=True, logits_to_keep=k)
             synchronize(model.device)
             times.append(time.perf_counter() - start)
             cache.crop(-k)  # drop what this forward fed
-        costs[k] = sorted(times[2:])[len(times[2:]) // 2]
+        costs[k] = statistics.median(times[2:])
     assert cache.get_seq_length() == CONTEXT, "each forward's tokens are dropped again"
     return costs
 

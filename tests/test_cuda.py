@@ -14,6 +14,7 @@ from pacer_hf import PacerCandidateGenerator, PacerStats, PhrasePool
 from pacer_hf.tiny_models import DRAFT_KINDS, TINY_ARCHS, tiny_pair, tiny_tokenizer
 
 from conftest import HEAD_KINDS, PROMPT, make_head, scripted_rounds
+from test_sampling_exactness import _chi_square_pvalue, _ReturnsUnprocessedLogits, exact_pair_and_joint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
 MAX_NEW_TOKENS = 21
@@ -57,21 +58,15 @@ def test_the_real_planner_and_a_padded_pair_on_cuda():
 
 @functools.lru_cache(maxsize=None)
 def _exact_pair():
-    from test_sampling_exactness import exact_pair_and_joint
-
     return exact_pair_and_joint(DEVICE)
 
 
 def test_sampling_keeps_the_target_distribution_on_cuda():
     # CUDA's sampler and kernels, the CPU test's chi-square: planned rounds of every kind, phrases confirmed by the draft
-    from test_sampling_exactness import _chi_square_pvalue
-
     assert _chi_square_pvalue(*_exact_pair(), scripted_rounds(seed=2), max_draft=2, phrases=True) > 1e-3
 
 
 def test_the_chi_square_test_catches_a_broken_generator_on_cuda():
-    from test_sampling_exactness import _chi_square_pvalue, _ReturnsUnprocessedLogits
-
     assert _chi_square_pvalue(*_exact_pair(), _ReturnsUnprocessedLogits) < 1e-5
 
 
