@@ -96,14 +96,17 @@ RECENT_ROUNDS = 8
 # drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
 # that do not draft teach it nothing about the draft.
 DRAFT_FORGET = 0.1
-# A draft forward is timed only in rounds that draft, while a plain step and a verification are re-timed by nearly
-# every round; and the costs outlive a call. A draft timed while the machine was slow (a shared machine's speed moves
-# 2x) would be overpriced against steps timed later, and no later round would draft to correct it (one of two faults
-# that fit the ten calls of eval/results/planner-bar-amd-v2 that drafted once or twice and then stepped to the end; the
-# other, the price of a catch-up, is in `CallCosts`). So after this many timed target calls without a short draft
-# forward, the draft's cost restarts from its prior at the step's current scale, and its next round re-times it
-# (costs one draft round in this many where drafting does not pay).
-RETIME_DRAFT = 32
+# A draft forward is timed only in rounds that draft, and a verification only in rounds that send candidates, while a
+# plain step is re-timed by every round that steps; and the costs outlive a call. A draft or a verification timed while
+# the machine was slow (a shared machine's speed moves 2x) would be overpriced against steps timed later, and a call
+# that steps runs no round that would correct it (one of two faults that fit the ten calls of
+# eval/results/planner-bar-amd-v2 that drafted once or twice and then stepped to the end; the other, the price of a
+# catch-up, is in `CallCosts`). So after this many timed target calls without a short draft forward, the draft's fits
+# move as the step's estimate moves (from where it stood when the draft was last timed), and likewise a verification's
+# after as many without one: what they learnt of this machine, a cost as a multiple of a step, is kept. Restarting
+# them from their priors instead (1.0 step for a short verification, where an Intel Xeon in float32 takes 1.3-1.6)
+# made calls that stepped retry rounds that did not pay (eval/results/retime-ab.md, follow-step-ab.md).
+RETIME = 32
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
@@ -140,6 +143,11 @@ class _Fit:
         for i, value in enumerate((1.0, n, n * n, seconds, n * seconds)):
             self.sums[i] += value
 
+    def rescale(self, factor: float) -> None:
+        """Scale the observed seconds by `factor` (the prior is set apart)."""
+        self.sums[3] *= factor
+        self.sums[4] *= factor
+
     def coefficients(self) -> tuple[float, float]:
         w, wn, wnn, wt, wnt = self.sums
         a0, b0 = self.prior
@@ -173,6 +181,10 @@ class _SlopeFit:
         for i, value in enumerate((1.0, x, x * x, x * seconds)):
             self.sums[i] += value
 
+    def rescale(self, factor: float) -> None:
+        """Scale the observed seconds by `factor` (the prior is set apart)."""
+        self.sums[3] *= factor
+
     def slope(self, anchor: float) -> float:
         w, wx, wxx, wxt = self.sums
         weight = PRIOR_WEIGHT / (1 + w)
@@ -190,8 +202,8 @@ class CallCosts:
 
     The priors are ratios to a step: scaled by the first timed round, then by the step's estimate as plain steps are
     timed. One object per (target, draft) pair in a process ([`costs_for`]), so a call starts from what earlier calls
-    measured; the draft's costs, which only drafting rounds time, restart from their priors once `RETIME_DRAFT` target
-    calls went by without a draft forward.
+    measured; the draft's and the verification's costs, which only the rounds that draft or send candidates time,
+    follow the step's estimate once `RETIME` target calls went by without such a round.
     """
 
     def __init__(self) -> None:
@@ -209,7 +221,8 @@ class CallCosts:
         self._scale(PRIOR_STEP_S)
         self._scaled = False
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
-        self._draft_age = 0  # target calls timed since the last short draft forward
+        # per group of fits that only some rounds time: [target calls timed since it was, the step's estimate then]
+        self._last_timed = {"draft": [0, PRIOR_STEP_S], "verify": [0, PRIOR_STEP_S]}
 
     def _scale(self, step_s: float) -> None:
         self._step.prior = (step_s, 0.0)
@@ -221,11 +234,22 @@ class CallCosts:
         self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
         self._feed.prior = self._prefill.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
 
-    def _retime_draft(self) -> None:
-        """Forget the draft's timings: its fits restart from the priors at the current step's scale."""
-        fits = (self._draft, self._feed, self._prefill)
-        self._draft, self._feed, self._prefill = (_Fit(fit.n0, fit.n1) for fit in fits)
-        self._scale_draft(self.step())
+    def _fits(self, group: str) -> tuple:
+        if group == "draft":
+            return self._draft, self._feed, self._prefill
+        return self._verify, self._verify_long
+
+    def _timed(self, group: str) -> None:
+        self._last_timed[group] = [0, self.step()]
+
+    def _follow_step(self) -> None:
+        """A group of fits not timed for `RETIME` target calls moves as the step's estimate moves."""
+        for group, last in self._last_timed.items():
+            last[0] += 1
+            if last[0] >= RETIME:
+                for fit in self._fits(group):
+                    fit.rescale(self.step() / last[1])
+                last[1] = self.step()
 
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
@@ -240,10 +264,9 @@ class CallCosts:
             self._scale(self.step())
         else:
             (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, seconds)
+            self._timed("verify")
         self.steps_timed += int(candidates == 0)
-        self._draft_age += 1
-        if self._draft_age == RETIME_DRAFT:
-            self._retime_draft()
+        self._follow_step()
 
     def observe_forward(self, fed_tokens: int, seconds: float, first: bool = False) -> None:
         """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache)."""
@@ -253,7 +276,7 @@ class CallCosts:
             self._feed.observe(fed_tokens, seconds)
         else:
             self._draft.observe(fed_tokens - 1, seconds)
-            self._draft_age = 0
+            self._timed("draft")
 
     def step(self) -> float:
         return self._step.seconds(0)

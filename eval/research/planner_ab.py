@@ -1,7 +1,8 @@
 """The harness with the round planner of an earlier commit as one more method, interleaved with today's.
 
-A change to the planner is judged against the planner before it on the same prompts, in one process, every method
-interleaved (this machine's speed moves too much between runs to compare two runs). Method `planner@REV` is
+A change to the planner is judged against the planner before it (or several earlier ones: `--rev A B`) on the same
+prompts, in one process, every method interleaved (this machine's speed moves too much between runs to compare two
+runs). Method `planner@REV` is
 `entropy+phrases` with `pacer_hf/planner.py` as commit REV had it (read with `git show`), and its own cost estimate
 (`CallCosts` of that planner, shared by its calls as today's is by `entropy+phrases`'s):
 
@@ -85,13 +86,14 @@ def planner_method(rev: str):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rev", required=True, help="the commit whose planner runs as method `planner@REV`")
+    parser.add_argument("--rev", required=True, nargs="+",
+                        help="the commits whose planners run as methods `planner@REV`, one each")
     args, bench_argv = parser.parse_known_args(argv)
-    name, method = planner_method(args.rev)
+    earlier = dict(planner_method(rev) for rev in args.rev)
     registry = run.registry
 
     def with_earlier_planner(pair: methods.Pair) -> dict:
-        return {**registry(pair), name: method}
+        return {**registry(pair), **earlier}
 
     run.registry = with_earlier_planner
     try:

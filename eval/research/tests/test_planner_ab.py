@@ -24,14 +24,16 @@ pytestmark = pytest.mark.skipif(not _in_git(), reason="reads the planner of a co
 def test_the_earlier_planner_runs_beside_todays_and_both_equal_plain_greedy(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\nclass Stack:\n", encoding="utf-8")
-    main(["--rev", "HEAD", "--pair", "tiny", "--max-new-tokens", "12", "--prompts", f"{prompts}:0:2",
-          "--methods", "entropy+phrases", "planner@HEAD", "--out", str(tmp_path / "ab")])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    main(["--rev", "HEAD", commit, "--pair", "tiny", "--max-new-tokens", "12", "--prompts", f"{prompts}:0:2",
+          "--methods", "entropy+phrases", "planner@HEAD", f"planner@{commit}", "--out", str(tmp_path / "ab")])
     records = [json.loads(line) for line in (tmp_path / "ab.jsonl").read_text().splitlines()][1:]
     by_method = {}
     for record in records:
         by_method.setdefault(record["method"], {})[record["prompt_id"]] = record
-    assert set(by_method) == {"autoregressive", "entropy+phrases", "planner@HEAD"}
-    for method in ("entropy+phrases", "planner@HEAD"):  # float32: each equals plain greedy, token for token
+    assert set(by_method) == {"autoregressive", "entropy+phrases", "planner@HEAD", f"planner@{commit}"}
+    for method in ("entropy+phrases", "planner@HEAD", f"planner@{commit}"):  # float32: each equals plain greedy
         for prompt_id, record in by_method[method].items():
             assert record["tokens"] == by_method["autoregressive"][prompt_id]["tokens"]
             assert len(record["phrases"]["rounds"]) == sum(record["phrases"]["round_kinds"].values())
