@@ -129,9 +129,9 @@ def test_a_draft_timed_on_a_slow_machine_follows_the_step_once_steps_show_the_ma
 
 def test_a_verification_timed_on_a_slow_machine_follows_the_step_too():
     """The other half of a draft round's price: a verification is re-timed only by rounds that send candidates, which a
-    call that steps does not run. In a demo disturbed by other processes the first call's verifications took 1.1 s,
-    and the third call, undisturbed, took plain steps only (62 of 64 rounds) where run alone it drafted every round;
-    the draft's price following the step alone did not bring drafting back, the verification's stayed at 3 steps."""
+    call that steps does not run. Here the draft's price following the step alone would not bring drafting back: the
+    verification would stay at 3 steps (the suspect, at the time, in a disturbed demo whose undisturbed third call
+    stepped throughout; docs/planner.md says what its trace later showed)."""
     costs = _costs(step=0.6, verify=0.9, per_token=0.0, draft=0.24, rounds=30)  # a slow stretch: everything 2x
     for _ in range(40):
         costs.observe_round(0, 0.3)  # then fast plain steps only, past the draft's rescaling
