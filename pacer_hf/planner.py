@@ -192,6 +192,16 @@ class _SlopeFit:
         return max((wxt - anchor * wx + weight * lever * self.prior) / (wxx + weight * lever), 0.0)
 
 
+@dataclass
+class _FitGroup:
+    """Fits that only some rounds time (the draft's, the verification's): target calls timed since they last were, and
+    the step's estimate then, from which they follow the step once `RETIME` calls went by."""
+
+    fits: tuple
+    calls_since: int = 0
+    step_then: float = PRIOR_STEP_S
+
+
 class CallCosts:
     """The costs of one pair on this machine, in seconds, learnt online:
     - a plain target step (no candidates): `step()`;
@@ -221,35 +231,28 @@ class CallCosts:
         self._scale(PRIOR_STEP_S)
         self._scaled = False
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
-        # per group of fits that only some rounds time: [target calls timed since it was, the step's estimate then]
-        self._last_timed = {"draft": [0, PRIOR_STEP_S], "verify": [0, PRIOR_STEP_S]}
+        self._groups = {"draft": _FitGroup((self._draft, self._feed, self._prefill)),
+                        "verify": _FitGroup((self._verify, self._verify_long))}
 
     def _scale(self, step_s: float) -> None:
         self._step.prior = (step_s, 0.0)
         self._verify.prior = (PRIOR_VERIFY_BASE * step_s, PRIOR_VERIFY_PER_TOKEN * step_s)
         self._verify_long.prior = PRIOR_VERIFY_PER_TOKEN * step_s
-        self._scale_draft(step_s)
-
-    def _scale_draft(self, step_s: float) -> None:
         self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
         self._feed.prior = self._prefill.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
 
-    def _fits(self, group: str) -> tuple:
-        if group == "draft":
-            return self._draft, self._feed, self._prefill
-        return self._verify, self._verify_long
-
-    def _timed(self, group: str) -> None:
-        self._last_timed[group] = [0, self.step()]
+    def _timed(self, name: str) -> None:
+        group = self._groups[name]
+        group.calls_since, group.step_then = 0, self.step()
 
     def _follow_step(self) -> None:
         """A group of fits not timed for `RETIME` target calls moves as the step's estimate moves."""
-        for group, last in self._last_timed.items():
-            last[0] += 1
-            if last[0] >= RETIME:
-                for fit in self._fits(group):
-                    fit.rescale(self.step() / last[1])
-                last[1] = self.step()
+        for group in self._groups.values():
+            group.calls_since += 1
+            if group.calls_since >= RETIME:
+                for fit in group.fits:
+                    fit.rescale(self.step() / group.step_then)
+                group.step_then = self.step()
 
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
