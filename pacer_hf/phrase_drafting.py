@@ -73,6 +73,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         if plan.kind == "step":
             self._tail = NO_PHRASE
             candidates = self._nothing(input_ids, "step")
+            candidates.record.end = "probe" if plan.probe else None
         elif plan.kind == "copy":
             self._tail = plan.copy
             copied = self._cut_after_eos(plan.copy.tokens[: plan.length])

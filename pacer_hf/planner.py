@@ -96,17 +96,22 @@ RECENT_ROUNDS = 8
 # drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
 # that do not draft teach it nothing about the draft.
 DRAFT_FORGET = 0.1
-# A draft forward is timed only in rounds that draft, and a verification only in rounds that send candidates, while a
-# plain step is re-timed by every round that steps; and the costs outlive a call. A draft or a verification timed while
-# the machine was slow (a shared machine's speed moves 2x) would be overpriced against steps timed later, and a call
-# that steps runs no round that would correct it (one of two faults that fit the ten calls of
-# eval/results/planner-bar-amd-v2 that drafted once or twice and then stepped to the end; the other, the price of a
-# catch-up, is in `CallCosts`). So after this many timed target calls without a short draft forward, the draft's fits
-# move as the step's estimate moves (from where it stood when the draft was last timed), and likewise a verification's
-# after as many without one: what they learnt of this machine, a cost as a multiple of a step, is kept. Restarting
-# them from their priors instead (1.0 step for a short verification, where an Intel Xeon in float32 takes 1.3-1.6)
-# made calls that stepped retry rounds that did not pay (eval/results/retime-ab.md, follow-step-ab.md).
-RETIME = 32
+# A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification
+# only by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit every other
+# cost moves with: each time a step is timed, the draft's and the verification's fits scale as the step's estimate
+# moved, keeping what they learnt of this machine (a cost as a multiple of a step). A draft timed while a shared machine
+# ran 2x slow would otherwise stay overpriced against the fast steps timed later, and a call that steps runs no round
+# that would correct it (one of two faults behind the ten calls of eval/results/planner-bar-amd-v2 that drafted once or
+# twice and then stepped to the end; the other, the price of a catch-up, is in `CallCosts`). The step forgets fast
+# (`STEP_DECAY`, about the last three), so that it is the machine's speed now: with `DECAY` a disturbed demo's third
+# call, undisturbed, entered at 1.09 s a step where steps took 0.30 s and still priced them at 0.40 s after 40
+# (eval/results/demo-fp32-intel-hog-trace.txt). And since a cost timed in a call that never steps is taken as a
+# multiple of the step as last timed, the planner takes a plain step (a probe) once the target calls since the last one
+# took `STEP_RETIME_S` seconds: at most a step's time lost per 20 s of target calls (1-2% on a CPU). Not only where
+# drafting is close to a step's rate: with the step stale the planner cannot tell how close it is (a demo whose only
+# timed step was the cold first round priced drafting at twice a step's rate where it made 1.08x).
+STEP_DECAY = 0.7
+STEP_RETIME_S = 20.0
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
@@ -129,17 +134,18 @@ CONFIRM_PRIOR = (0.1, 0.6)
 
 
 class _Fit:
-    """seconds = a + b * n, by least squares over recent observations (older ones forgotten at `DECAY` per new one)
+    """seconds = a + b * n, by least squares over recent observations (older ones forgotten at `decay` per new one)
     and two pseudo-observations of a prior line at `n0` and `n1`: weight `PRIOR_WEIGHT` together before any
     observation, fading as observations come in."""
 
-    def __init__(self, n0: float, n1: float):
+    def __init__(self, n0: float, n1: float, decay: float = DECAY):
         self.n0, self.n1 = n0, n1
+        self.decay = decay
         self.prior = (0.0, 0.0)
         self.sums = [0.0] * 5  # w, w n, w n^2, w t, w n t
 
     def observe(self, n: float, seconds: float) -> None:
-        self.sums = [DECAY * value for value in self.sums]
+        self.sums = [self.decay * value for value in self.sums]
         for i, value in enumerate((1.0, n, n * n, seconds, n * seconds)):
             self.sums[i] += value
 
@@ -192,16 +198,6 @@ class _SlopeFit:
         return max((wxt - anchor * wx + weight * lever * self.prior) / (wxx + weight * lever), 0.0)
 
 
-@dataclass
-class _FitGroup:
-    """Fits that only some rounds time (the draft's, the verification's): target calls timed since they last were, and
-    the step's estimate then, from which they follow the step once `RETIME` calls went by."""
-
-    fits: tuple
-    calls_since: int = 0
-    step_then: float = PRIOR_STEP_S
-
-
 class CallCosts:
     """The costs of one pair on this machine, in seconds, learnt online:
     - a plain target step (no candidates): `step()`;
@@ -211,13 +207,12 @@ class CallCosts:
       apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`.
 
     The priors are ratios to a step: scaled by the first timed round, then by the step's estimate as plain steps are
-    timed. One object per (target, draft) pair in a process ([`costs_for`]), so a call starts from what earlier calls
-    measured; the draft's and the verification's costs, which only the rounds that draft or send candidates time,
-    follow the step's estimate once `RETIME` target calls went by without such a round.
+    timed, and so are the draft's and the verification's fits (see `STEP_DECAY`). One object per (target, draft) pair
+    in a process ([`costs_for`]), so a call starts from what earlier calls measured.
     """
 
     def __init__(self) -> None:
-        self._step = _Fit(0.0, 0.0)
+        self._step = _Fit(0.0, 0.0, decay=STEP_DECAY)
         self._verify = _Fit(1.0, SHORT_VERIFY)
         self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY)
         self._draft = _Fit(0.0, SHORT_FORWARD - 1.0)
@@ -231,8 +226,7 @@ class CallCosts:
         self._scale(PRIOR_STEP_S)
         self._scaled = False
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
-        self._groups = {"draft": _FitGroup((self._draft, self._feed, self._prefill)),
-                        "verify": _FitGroup((self._verify, self._verify_long))}
+        self.seconds_since_step = 0.0  # of target calls since a plain step was last timed
 
     def _scale(self, step_s: float) -> None:
         self._step.prior = (step_s, 0.0)
@@ -241,18 +235,10 @@ class CallCosts:
         self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
         self._feed.prior = self._prefill.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
 
-    def _timed(self, name: str) -> None:
-        group = self._groups[name]
-        group.calls_since, group.step_then = 0, self.step()
-
-    def _follow_step(self) -> None:
-        """A group of fits not timed for `RETIME` target calls moves as the step's estimate moves."""
-        for group in self._groups.values():
-            group.calls_since += 1
-            if group.calls_since >= RETIME:
-                for fit in group.fits:
-                    fit.rescale(self.step() / group.step_then)
-                group.step_then = self.step()
+    def _follow_step(self, factor: float) -> None:
+        """The draft's and the verification's fits move as the step's estimate moved (by `factor`)."""
+        for fit in (self._draft, self._feed, self._prefill, self._verify, self._verify_long):
+            fit.rescale(factor)
 
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
@@ -261,15 +247,17 @@ class CallCosts:
             self._scale(seconds / prior)
             self._scaled = True
         if candidates == 0:
+            before = self.step()
             self._step.observe(0, seconds)
             # The priors follow the step as it is now, not as the first timed round found it: that round is often
             # cold (a process's first call), and a prior scaled by it would overprice every option not yet timed.
             self._scale(self.step())
+            self._follow_step(self.step() / before)
+            self.steps_timed += 1
+            self.seconds_since_step = 0.0
         else:
             (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, seconds)
-            self._timed("verify")
-        self.steps_timed += int(candidates == 0)
-        self._follow_step()
+            self.seconds_since_step += seconds
 
     def observe_forward(self, fed_tokens: int, seconds: float, first: bool = False) -> None:
         """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache)."""
@@ -279,7 +267,6 @@ class CallCosts:
             self._feed.observe(fed_tokens, seconds)
         else:
             self._draft.observe(fed_tokens - 1, seconds)
-            self._timed("draft")
 
     def step(self) -> float:
         return self._step.seconds(0)
@@ -466,13 +453,15 @@ class Plan:
     """What the planner chose for a round: `"copy"` (send `copy.tokens[:length]`), `"draft"` (draft, then a tail
     chosen after drafting by [`RoundPlanner.tail_length`]) or `"step"`; the new tokens it expects the round to add;
     and the expected new tokens per second of each option it weighed (`"step"`, `"copy"`: the best copy, `"draft"`:
-    without its catch-up, which the rest of the call must repay), so a slow call shows why it chose what it did."""
+    without its catch-up, which the rest of the call must repay), so a slow call shows why it chose what it did;
+    `probe`: a step taken to re-time the step (`STEP_RETIME_S`), not because it was the best option."""
 
     kind: str
     expected: float
     copy: Phrase | None = None
     length: int = 0
     rates: dict[str, float] = field(default_factory=dict)
+    probe: bool = False
 
 
 class RoundPlanner:
@@ -528,10 +517,21 @@ class RoundPlanner:
             draft_started (`bool`): whether the draft has run in this call (its first forward fills the cache).
         """
         step_rate = 1.0 / self.costs.step()
-        best, best_rate = Plan("step", 1.0, rates={"step": step_rate}), (1.0 + STEP_MARGIN) * step_rate
+        step = Plan("step", 1.0, rates={"step": step_rate})
         if not self.costs.steps_timed:  # every option is priced against a step: time one first (it costs nothing)
-            return best
-        rates = best.rates
+            return step
+        best = self._best(options, room, draft_room, draft_missing, draft_started, step)
+        if self.costs.seconds_since_step >= STEP_RETIME_S:
+            # the step's estimate is stale, and it is what every other cost is priced against
+            return Plan("step", 1.0, rates=best.rates, probe=True)
+        return best
+
+    def _best(self, options: Sequence[Phrase], room: int, draft_room: int, draft_missing: int, draft_started: bool,
+              step: Plan) -> Plan:
+        """`plan` once a step was timed: the option of the best expected rate, a plain step unless another beats it by
+        `STEP_MARGIN`."""
+        best, best_rate = step, (1.0 + STEP_MARGIN) * step.rates["step"]
+        rates = step.rates
         for option in options:
             length, expected = self.copy_length(option, room=room)
             rate = (1 + expected) / self.costs.target(length) if length else 0.0

@@ -17,7 +17,8 @@ class RoundRecord:
         expected (`float`, *optional*): the new tokens the planner expected the round to add (`None` without one).
         accepted (`int`, *optional*): candidates the target accepted (set once it has verified them).
         end (`str`, *optional*): why drafting ended: `"head"`, `"limit"`, `"eos"` or `"source"` (a whole phrase
-            confirmed).
+            confirmed); in a plain step, `"probe"` where it was taken to re-time the step (none timed in
+            `STEP_RETIME_S` seconds of target calls), not as the best option.
         copied_from (`str`, *optional*): the look-up that proposed the copied tokens (`"sequence"`, `"earliest"`,
             `"stored"`).
         rates (`dict[str, float]`, *optional*): the expected new tokens per second of each option the planner weighed

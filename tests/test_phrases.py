@@ -4,13 +4,14 @@ the length limit inside a copy, a pool shared by two calls)."""
 
 import functools
 import random
+import weakref
 import warnings
 import zlib
 
 import pytest
 import torch
 
-from pacer_hf import PacerCandidateGenerator, PacerStats, PhrasePool, phrases
+from pacer_hf import PacerCandidateGenerator, PacerStats, PhrasePool, phrases, planner
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import costs_for
@@ -190,6 +191,20 @@ def test_the_real_planner_keeps_greedy_output_on_every_pair():
                                    max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
             assert torch.equal(out, _plain_greedy(arch, draft_kind)), (arch, draft_kind)
             assert all(plan.expected is not None for plan in stats.plans if plan.kind != "limit")
+
+
+def test_the_real_planners_probe_steps_keep_greedy_output(monkeypatch):
+    """Probes (plain steps taken to re-time the step) between the real planner's drafts and copies: here one after
+    every target call that sent candidates."""
+    monkeypatch.setattr(planner, "STEP_RETIME_S", 1e-6)
+    monkeypatch.setattr(planner, "_COSTS", weakref.WeakKeyDictionary())  # fresh costs: the draft's optimistic prior
+    for arch in TINY_ARCHS[:2]:
+        target, draft = _pair(arch, DRAFT_KINDS[0])
+        out, stats = _generate(target, draft, make_head(draft, "entropy", block_size=1), True,
+                               max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+        assert torch.equal(out, _plain_greedy(arch, DRAFT_KINDS[0])), arch
+        probes = [plan.end == "probe" for plan in stats.plans if plan.kind != "limit"]
+        assert any(probes) and not all(probes), probes
 
 
 def test_greedy_with_planned_rounds_when_eos_or_the_length_limit_falls_inside_a_copy():

@@ -4,13 +4,19 @@ best copy and the draft), so a demo call that stopped drafting shows what the pl
 
     python -m eval.research.demo_trace > demo-trace.txt
 
-Disturbing it on purpose (two busy loops on a 2-core machine while the first two prompts run, the third alone) is how
-`eval/results/demo-fp32-intel-hog-trace.txt` was made; see docs/planner.md.
+    python -m eval.research.demo_trace --disturb > demo-trace.txt
+
+`--disturb` runs a busy loop on every core from the models' load until the second prompt is done, the third prompt
+alone: a shared machine that was slow and is fast again (`eval/results/demo-fp32-*-hog-trace*.txt`; see
+docs/planner.md).
 """
 
 import argparse
+import os
+import subprocess
+import sys
 
-from pacer_hf import demo, planner
+from pacer_hf import demo, planner, prompts
 from pacer_hf.stats import PacerStats
 
 
@@ -35,16 +41,49 @@ def _trace_calls() -> list[PacerStats]:
     return calls
 
 
+def _disturb(loops: list[subprocess.Popen], until_prompt: int = 2) -> None:
+    """Start a busy loop per core as the demo builds its first input (the warm-up's, after the models' load) and
+    stop them as it builds prompt `until_prompt + 1`'s."""
+    built = prompts.chat_input_ids
+    count = 0
+
+    def counted(*args, **kwargs):
+        nonlocal count
+        count += 1
+        if count == 1:
+            loops.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1))
+        elif count == until_prompt + 2:
+            _stop(loops)
+        return built(*args, **kwargs)
+
+    prompts.chat_input_ids = counted
+
+
+def _stop(loops: list[subprocess.Popen]) -> None:
+    for loop in loops:
+        loop.kill()
+        loop.wait()
+    loops.clear()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args(argv)
-    calls = _trace_calls()
-    demo.run_demo()
+    parser.add_argument("--disturb", action="store_true",
+                        help="busy loops on every core until the second prompt is done (see above)")
+    args = parser.parse_args(argv)
+    calls, loops = _trace_calls(), []
+    if args.disturb:
+        _disturb(loops)
+    try:
+        demo.run_demo()
+    finally:
+        _stop(loops)
     for number, stats in enumerate(calls, 1):
         print(f"=== PACER call {number}")
         for r in stats.plans:
             rates = " ".join(f"{option}={rate:.2f}" for option, rate in (r.rates or {}).items())
-            print(f"{r.kind:5s} sent {r.sent:2d} drafted {r.drafted:2d} accepted {r.accepted} "
+            kind = "probe" if r.end == "probe" else r.kind  # a step taken to re-time the step
+            print(f"{kind:5s} sent {r.sent:2d} drafted {r.drafted:2d} accepted {r.accepted} "
                   f"{r.seconds or 0:.2f}s {rates}")
 
 
