@@ -9,7 +9,7 @@ import pytest
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
     CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE,
-    PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner,
+    PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner,
     costs_for,
 )
 
@@ -379,3 +379,16 @@ def test_confirmations_count_only_the_positions_the_draft_reached():
     weight = COPY_PRIOR_WEIGHT
     assert first == pytest.approx((2 + weight * CONFIRM_PRIOR[0]) / (2 + weight))
     assert later == pytest.approx((2 + weight * CONFIRM_PRIOR[1]) / (3 + weight))  # 2nd, 3rd of one; 2nd of the other
+
+
+def test_an_untried_draft_needs_no_margin_over_a_step():
+    """A draft priced by its prior at a little more than a step's rate is tried once per call (its first rounds
+    teach the call its acceptance on this text); once it ran, it must beat the step by `STEP_MARGIN`."""
+    costs = _costs(step=0.3, verify=0.45, per_token=0.0, draft=0.18)  # prior rate 3.4 / 0.99 s: 1.03x a step's
+    planner = RoundPlanner(costs, max_new_tokens=128)
+    for _ in range(3):
+        planner.observe_round(new_tokens=1, seconds=0.3)
+    rates = planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).rates
+    assert 1.0 < rates["draft"] / rates["step"] < 1.0 + STEP_MARGIN, rates
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "step"
+    assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"

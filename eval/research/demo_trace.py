@@ -51,7 +51,8 @@ def _disturb(loops: list[subprocess.Popen], until_prompt: int = 2) -> None:
         nonlocal count
         count += 1
         if count == 1:
-            loops.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1))
+            busy = [sys.executable, "-c", "while True: pass"]
+            loops.extend(subprocess.Popen(busy) for _ in range(os.cpu_count() or 1))
         elif count == until_prompt + 2:
             _stop(loops)
         return built(*args, **kwargs)
