@@ -109,7 +109,8 @@ DRAFT_FORGET = 0.1
 # multiple of the step as last timed, the planner takes a plain step (a probe) once the target calls since the last one
 # took `STEP_RETIME_S` seconds: at most a step's time lost per 20 s of target calls (1-2% on a CPU). Not only where
 # drafting is close to a step's rate: with the step stale the planner cannot tell how close it is (a demo whose only
-# timed step was the cold first round priced drafting at twice a step's rate where it made 1.08x).
+# timed step was the cold first round priced drafting at 1.5-2.3 times a step's rate where it made 1.08x:
+# eval/results/demo-fp32-amd-hog-trace-probe-below.txt).
 STEP_DECAY = 0.7
 STEP_RETIME_S = 20.0
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose

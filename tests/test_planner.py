@@ -169,9 +169,9 @@ def _drafting_call(costs: CallCosts, rounds: int, accepted: int = 3) -> list[Pla
 
 def test_a_call_that_drafts_every_round_re_times_the_step_now_and_then():
     """Costs timed in a call that never steps are taken as multiples of the step as last timed, so a stale step would
-    skew every ratio (a demo whose only timed step was the process's cold first round priced drafting at twice a
-    step's rate where it made 1.08x): once its target calls took `STEP_RETIME_S` seconds since the last plain step,
-    the planner takes one, marked as a probe, however well drafting seems to pay."""
+    skew every ratio (a demo whose only timed step was the process's cold first round priced drafting at 1.5-2.3
+    times a step's rate where it made 1.08x): once its target calls took `STEP_RETIME_S` seconds since the last
+    plain step, the planner takes one, marked as a probe, however well drafting seems to pay."""
     costs = _costs(step=0.3, verify=0.5, draft=0.03)  # drafting 4 of 4 pays about 3x a step's rate
     plans = _drafting_call(costs, 200, accepted=4)
     probes = [i for i, plan in enumerate(plans) if plan.kind == "step"]
