@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from .phrases import Phrase
 
-# Priors in units of one plain target step, scaled to seconds by the first timed round and then by the step's estimate.
+# Priors in units of one plain target step (see `CallCosts`).
 # Measured on 2-core CPUs with Qwen2.5-Coder 0.5B -> 1.5B (eval/results/costs-*): a draft forward costs 0.2-0.55 of a
 # step, each token a long catch-up forward feeds about 1%; verification of n candidates 1.0-2.1 steps for a few, +2.5%
 # per candidate.
@@ -96,16 +96,16 @@ RECENT_ROUNDS = 8
 # drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
 # that do not draft teach it nothing about the draft.
 DRAFT_FORGET = 0.1
-# A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification
-# only by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit every other
-# cost moves with: each time a step is timed, the draft's and the verification's fits scale as the step's estimate
-# moved, keeping what they learnt of this machine (a cost as a multiple of a step). A draft timed while a shared machine
-# ran 2x slow would otherwise stay overpriced against the fast steps timed later, and a call that steps runs no round
-# that would correct it (one of two faults behind the ten calls of eval/results/planner-bar-amd-v2 that drafted once or
-# twice and then stepped to the end; the other, the price of a catch-up, is in `CallCosts`). The step forgets fast
-# (`STEP_DECAY`, about the last three), so that it is the machine's speed now: with `DECAY` a disturbed demo's third
-# call, undisturbed, entered at 1.09 s a step where steps took 0.30 s and still priced them at 0.40 s after 40
-# (eval/results/demo-fp32-intel-hog-trace.txt). And since a cost timed in a call that never steps is taken as a
+# A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification only
+# by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit of every other cost:
+# a draft forward or a verification is learnt as a multiple of the step's estimate when it was timed, and priced at the
+# step's estimate now, keeping what it taught of this machine (a cost as a multiple of a step). A draft timed while a
+# shared machine ran 2x slow would otherwise stay overpriced against the fast steps timed later, and a call that steps
+# runs no round that would correct it (one of two faults behind the ten calls of eval/results/planner-bar-amd-v2 that
+# drafted once or twice and then stepped to the end; the other, the price of a catch-up, is in `CallCosts`). The step
+# forgets fast (`STEP_DECAY`, about the last three), so that it is the machine's speed now: with `DECAY` a disturbed
+# demo's third call, undisturbed, entered at 1.09 s a step where steps took 0.30 s and still priced them at 0.40 s after
+# 40 (eval/results/demo-fp32-intel-hog-trace.txt). And since a cost timed in a call that never steps is taken as a
 # multiple of the step as last timed, the planner takes a plain step (a probe) once the target calls since the last one
 # took `STEP_RETIME_S` seconds: at most a step's time lost per 20 s of target calls (1-2% on a CPU). Not only where
 # drafting is close to a step's rate: with the step stale the planner cannot tell how close it is (a demo whose only
@@ -135,68 +135,60 @@ CONFIRM_PRIOR = (0.1, 0.6)
 
 
 class _Fit:
-    """seconds = a + b * n, by least squares over recent observations (older ones forgotten at `decay` per new one)
-    and two pseudo-observations of a prior line at `n0` and `n1`: weight `PRIOR_WEIGHT` together before any
-    observation, fading as observations come in."""
+    """y = a + b * n, by least squares over recent observations (older ones forgotten at `decay` per new one) and two
+    pseudo-observations of the `prior` line at `n0` and `n1`: weight `PRIOR_WEIGHT` together before any observation,
+    fading as observations come in."""
 
-    def __init__(self, n0: float, n1: float, decay: float = DECAY):
+    def __init__(self, n0: float, n1: float, prior: tuple[float, float], decay: float = DECAY):
         self.n0, self.n1 = n0, n1
+        self.prior = prior
         self.decay = decay
-        self.prior = (0.0, 0.0)
-        self.sums = [0.0] * 5  # w, w n, w n^2, w t, w n t
+        self.sums = [0.0] * 5  # w, w n, w n^2, w y, w n y
 
-    def observe(self, n: float, seconds: float) -> None:
+    def observe(self, n: float, y: float) -> None:
         self.sums = [self.decay * value for value in self.sums]
-        for i, value in enumerate((1.0, n, n * n, seconds, n * seconds)):
+        for i, value in enumerate((1.0, n, n * n, y, n * y)):
             self.sums[i] += value
 
-    def rescale(self, factor: float) -> None:
-        """Scale the observed seconds by `factor` (the prior is set apart)."""
-        self.sums[3] *= factor
-        self.sums[4] *= factor
-
     def coefficients(self) -> tuple[float, float]:
-        w, wn, wnn, wt, wnt = self.sums
+        w, wn, wnn, wy, wny = self.sums
         a0, b0 = self.prior
         weight = PRIOR_WEIGHT / 2 / (1 + w)  # the prior's pseudo-observations fade as observations come in
         for n in (self.n0, self.n1):
-            t = a0 + b0 * n
-            w, wn, wnn, wt, wnt = w + weight, wn + weight * n, wnn + weight * n * n, wt + weight * t, wnt + weight * n * t
+            y = a0 + b0 * n
+            w, wn, wnn = w + weight, wn + weight * n, wnn + weight * n * n
+            wy, wny = wy + weight * y, wny + weight * n * y
         det = w * wnn - wn * wn
-        b = max((w * wnt - wn * wt) / det, 0.0) if det > 1e-12 else b0
-        return max((wt - b * wn) / w, 1e-9), b
+        b = max((w * wny - wn * wy) / det, 0.0) if det > 1e-12 else b0
+        return max((wy - b * wn) / w, 1e-9), b
 
-    def seconds(self, n: float) -> float:
+    def __call__(self, n: float) -> float:
         a, b = self.coefficients()
         return a + b * n
 
 
 class _SlopeFit:
-    """seconds = anchor + b * (n - n0) for n > n0, the anchor given at query time (the short line's value at n0, so
-    that the two lines meet), b by least squares over recent observations (forgetting at `DECAY`) and a prior slope
-    that counts as `PRIOR_WEIGHT` observations (at `n1` before any, then as far past the anchor as the average one),
-    fading as observations come in."""
+    """y = anchor + b * (n - n0) for n > n0, the anchor given at query time (the short line's value at n0, so that the
+    two lines meet), b by least squares over recent observations (forgetting at `DECAY`) and a `prior` slope that
+    counts as `PRIOR_WEIGHT` observations (at `n1` before any, then as far past the anchor as the average one), fading
+    as observations come in."""
 
-    def __init__(self, n0: float, n1: float):
+    def __init__(self, n0: float, n1: float, prior: float):
         self.n0, self.n1 = n0, n1
-        self.prior = 0.0
-        self.sums = [0.0] * 4  # w, w x, w x^2, w x t with x = n - n0
+        self.prior = prior
+        self.sums = [0.0] * 4  # w, w x, w x^2, w x y with x = n - n0
 
-    def observe(self, n: float, seconds: float) -> None:
+    def observe(self, n: float, y: float) -> None:
         x = n - self.n0
         self.sums = [DECAY * value for value in self.sums]
-        for i, value in enumerate((1.0, x, x * x, x * seconds)):
+        for i, value in enumerate((1.0, x, x * x, x * y)):
             self.sums[i] += value
 
-    def rescale(self, factor: float) -> None:
-        """Scale the observed seconds by `factor` (the prior is set apart)."""
-        self.sums[3] *= factor
-
     def slope(self, anchor: float) -> float:
-        w, wx, wxx, wxt = self.sums
+        w, wx, wxx, wxy = self.sums
         weight = PRIOR_WEIGHT / (1 + w)
         lever = wxx / w if w > 0 else (self.n1 - self.n0) ** 2  # the prior weighs as much as an average observation
-        return max((wxt - anchor * wx + weight * lever * self.prior) / (wxx + weight * lever), 0.0)
+        return max((wxy - anchor * wx + weight * lever * self.prior) / (wxx + weight * lever), 0.0)
 
 
 class CallCosts:
@@ -207,110 +199,100 @@ class CallCosts:
     - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond), and
       apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`.
 
-    The priors are ratios to a step: scaled by the first timed round, then by the step's estimate as plain steps are
-    timed, and so are the draft's and the verification's fits (see `STEP_DECAY`). One object per (target, draft) pair
-    in a process ([`costs_for`]), so a call starts from what earlier calls measured.
+    The step is fitted in seconds; every other cost in steps (see `STEP_DECAY`): each timing is divided by the step's
+    estimate when it is observed, the priors are ratios to a step, and a query multiplies by the step's estimate now.
+    Until a step is timed the first timed round sets the step's prior. One object per (target, draft) pair in a
+    process ([`costs_for`]), so a call starts from what earlier calls measured.
     """
 
     def __init__(self) -> None:
-        self._step = _Fit(0.0, 0.0, decay=STEP_DECAY)
-        self._verify = _Fit(1.0, SHORT_VERIFY)
-        self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY)
-        self._draft = _Fit(0.0, SHORT_FORWARD - 1.0)
-        self._feed = _Fit(SHORT_FORWARD, 4.0 * SHORT_FORWARD)  # catch-ups after copies: tens of tokens
+        self._step = _Fit(0.0, 0.0, prior=(PRIOR_STEP_S, 0.0), decay=STEP_DECAY)  # seconds
+        # the rest in steps
+        self._verify = _Fit(1.0, SHORT_VERIFY, prior=(PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN))
+        self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY, prior=PRIOR_VERIFY_PER_TOKEN)
+        self._draft = _Fit(0.0, SHORT_FORWARD - 1.0, prior=(PRIOR_DRAFT, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT))
+        feed_prior = (PRIOR_DRAFT, PRIOR_FEED_PER_TOKEN)
+        self._feed = _Fit(SHORT_FORWARD, 4.0 * SHORT_FORWARD, prior=feed_prior)  # catch-ups after copies: tens
         # A call's first draft forward is fitted apart from later catch-ups: on a fresh cache it costs more per token
         # (on an Intel Xeon without bfloat16 units, 21 ms a prompt token against 16 ms a token of a catch-up after
         # 500 cached ones, plus set-up), and a line through prompts of hundreds of tokens, extrapolated down to a
         # catch-up of 16-100 tokens after some copies or steps, priced it at 3.4 steps where it cost 0.5: once the
         # draft lagged 16 tokens, the rest of the call stepped.
-        self._prefill = _Fit(1.0, 1024.0)
-        self._scale(PRIOR_STEP_S)
-        self._scaled = False
+        self._prefill = _Fit(1.0, 1024.0, prior=feed_prior)
+        self._timed = False  # whether any target call was timed
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
         self.seconds_since_step = 0.0  # of target calls since a plain step was last timed
 
-    def _scale(self, step_s: float) -> None:
-        self._step.prior = (step_s, 0.0)
-        self._verify.prior = (PRIOR_VERIFY_BASE * step_s, PRIOR_VERIFY_PER_TOKEN * step_s)
-        self._verify_long.prior = PRIOR_VERIFY_PER_TOKEN * step_s
-        self._draft.prior = (PRIOR_DRAFT * step_s, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT * step_s)
-        self._feed.prior = self._prefill.prior = (PRIOR_DRAFT * step_s, PRIOR_FEED_PER_TOKEN * step_s)
-
-    def _follow_step(self, factor: float) -> None:
-        """The draft's and the verification's fits move as the step's estimate moved (by `factor`)."""
-        for fit in (self._draft, self._feed, self._prefill, self._verify, self._verify_long):
-            fit.rescale(factor)
-
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
-        if not self._scaled:  # the first timing sets the unit of every prior
+        if not self._timed:  # the first timing sets the unit of every prior
             prior = PRIOR_VERIFY_BASE + PRIOR_VERIFY_PER_TOKEN * candidates if candidates else 1.0
-            self._scale(seconds / prior)
-            self._scaled = True
+            self._step.prior = (seconds / prior, 0.0)
+            self._timed = True
         if candidates == 0:
-            before = self.step()
             self._step.observe(0, seconds)
-            # The priors follow the step as it is now, not as the first timed round found it: that round is often
-            # cold (a process's first call), and a prior scaled by it would overprice every option not yet timed.
-            self._scale(self.step())
-            self._follow_step(self.step() / before)
+            # The step's prior follows the step as it is now, not as the first timed round found it: that round is
+            # often cold (a process's first call).
+            self._step.prior = (self.step(), 0.0)
             self.steps_timed += 1
             self.seconds_since_step = 0.0
         else:
-            (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, seconds)
+            (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates,
+                                                                                        seconds / self.step())
             self.seconds_since_step += seconds
 
     def observe_forward(self, fed_tokens: int, seconds: float, first: bool = False) -> None:
         """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache)."""
+        steps = seconds / self.step()
         if first:
-            self._prefill.observe(fed_tokens, seconds)
+            self._prefill.observe(fed_tokens, steps)
         elif fed_tokens > SHORT_FORWARD:
-            self._feed.observe(fed_tokens, seconds)
+            self._feed.observe(fed_tokens, steps)
         else:
-            self._draft.observe(fed_tokens - 1, seconds)
+            self._draft.observe(fed_tokens - 1, steps)
 
     def step(self) -> float:
-        return self._step.seconds(0)
+        return self._step(0)
 
     def target(self, candidates: int) -> float:
         """Seconds of a target call with `candidates` candidates (0: a plain step)."""
         if candidates <= 0:
             return self.step()
         if candidates <= SHORT_VERIFY:
-            return self._verify.seconds(candidates)
-        anchor = self._verify.seconds(SHORT_VERIFY)
-        return anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)
+            return self._verify(candidates) * self.step()
+        anchor = self._verify(SHORT_VERIFY)
+        return (anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)) * self.step()
 
     def free_candidates(self) -> int:
         """The most candidates (up to `SHORT_VERIFY`) whose verification costs at most `FREE_VERIFY` of a step more
         than one candidate's."""
-        slope = self._verify.coefficients()[1]
+        slope = self._verify.coefficients()[1]  # steps a candidate
         if slope <= 0:
             return SHORT_VERIFY
-        return max(1, min(SHORT_VERIFY, 1 + int(FREE_VERIFY * self.step() / slope)))
+        return max(1, min(SHORT_VERIFY, 1 + int(FREE_VERIFY / slope + 1e-9)))  # the prior's 2.0 is not 1.999...
 
     def verify_marginal(self, candidates: int) -> float:
         """Seconds the `candidates`-th candidate adds to a verification of the ones before it: the slope of the line
         `target(n)` follows there (for the first, the short line's: what one candidate more costs, not the jump from a
         plain step)."""
         if candidates <= SHORT_VERIFY:
-            return self._verify.coefficients()[1]
-        return self._verify_long.slope(self._verify.seconds(SHORT_VERIFY))
+            return self._verify.coefficients()[1] * self.step()
+        return self._verify_long.slope(self._verify(SHORT_VERIFY)) * self.step()
 
     def draft(self, fed_tokens: int = 1) -> float:
         """Seconds of a draft forward that feeds `fed_tokens`."""
         if fed_tokens > SHORT_FORWARD:
-            return self._feed.seconds(fed_tokens)
-        return self._draft.seconds(fed_tokens - 1)
+            return self._feed(fed_tokens) * self.step()
+        return self._draft(fed_tokens - 1) * self.step()
 
     def draft_marginal(self) -> float:
         """Seconds one more token adds to a short draft forward (the slope of `draft(n)`)."""
-        return self._draft.coefficients()[1]
+        return self._draft.coefficients()[1] * self.step()
 
     def catch_up(self, missing: int, first: bool = False) -> float:
         """What feeding `missing` tokens the draft lacks adds to a round's first draft forward (`first`: the call's
         first forward, on a fresh cache)."""
-        forward = self._prefill.seconds(missing + 1) if first else self.draft(missing + 1)
+        forward = self._prefill(missing + 1) * self.step() if first else self.draft(missing + 1)
         return max(forward - self.draft(1), 0.0)
 
 

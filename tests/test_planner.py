@@ -150,15 +150,16 @@ def test_the_step_is_the_machines_speed_now():
     assert costs.step() == pytest.approx(0.3, rel=0.1)
 
 
-def _drafting_call(costs: CallCosts, rounds: int, accepted: int = 3) -> list[Plan]:
+def _drafting_call(costs: CallCosts, rounds: int, accepted: int) -> list[Plan]:
     """The plans of a call whose draft rounds each draft 4 tokens, `accepted` of them accepted, timed as `costs` say
     (plain steps as they say too)."""
     planner, plans = RoundPlanner(costs, max_new_tokens=1000), []
     for _ in range(rounds):
         plans.append(planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True))
         if plans[-1].kind == "draft":
-            seconds = 4 * costs.draft(1) + costs.target(4)
-            planner.drafts.observe(4, accepted, 4 * costs.draft(1), "head")
+            drafting = 4 * costs.draft(1)
+            seconds = drafting + costs.target(4)
+            planner.drafts.observe(4, accepted, drafting, "head")
             costs.observe_round(4, costs.target(4))
         else:
             seconds = costs.step()
@@ -206,9 +207,11 @@ def test_priors_follow_the_step_not_a_cold_first_round():
     costs.observe_round(0, 0.8)  # cold
     for _ in range(10):
         costs.observe_round(0, 0.3)
+        # at every step, not once the step settled: the priors are ratios to the step's estimate now
+        assert costs.draft(1) == pytest.approx(PRIOR_DRAFT * costs.step(), rel=1e-9)
+        verify = (PRIOR_VERIFY_BASE + 3 * PRIOR_VERIFY_PER_TOKEN) * costs.step()
+        assert costs.target(3) == pytest.approx(verify, rel=1e-9)
     assert costs.step() < 0.4
-    assert costs.draft(1) == pytest.approx(PRIOR_DRAFT * costs.step(), rel=0.01)
-    assert costs.target(3) == pytest.approx((PRIOR_VERIFY_BASE + 3 * PRIOR_VERIFY_PER_TOKEN) * costs.step(), rel=0.01)
 
 
 def test_costs_are_shared_per_pair_in_a_process():
