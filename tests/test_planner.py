@@ -214,6 +214,15 @@ def test_priors_follow_the_step_not_a_cold_first_round():
     assert costs.step() < 0.4
 
 
+def test_the_free_candidates_of_the_prior_do_not_depend_on_the_machines_speed():
+    """Priced by the prior, FREE_VERIFY buys exactly two candidates' slope: whatever a step takes, the same count (the
+    seconds-based form gave 2 or 3 by floating-point noise in the step's value)."""
+    for step in (0.1, 0.3, 0.37, 1.3):
+        costs = CallCosts()
+        costs.observe_round(0, step)
+        assert costs.free_candidates() == 1 + round(FREE_VERIFY / PRIOR_VERIFY_PER_TOKEN), step
+
+
 def test_costs_are_shared_per_pair_in_a_process():
     target, draft, other = object.__new__(type("T", (), {})), object(), object()
     assert costs_for(target, draft) is costs_for(target, draft)
