@@ -530,10 +530,15 @@ class RoundPlanner:
         draft_rate = expected / (drafts.seconds(self.costs) + self.costs.target(drafted))
         rates["draft"] = draft_rate
         # Until the draft has run in this call its acceptance is the prior's, which the call's first draft rounds
-        # replace: an untried draft needs no margin over a step. With it, short chat prompts whose draft, priced by
-        # the prior, made 1.03x a step's rate never drafted, where the entropy stop made 1.10-1.13x of plain
-        # decoding (eval/results/step-probe-ab.md).
-        bar = best_rate if draft_started or best.kind != "step" else step.rates["step"]
+        # replace: an untried draft whose start costs less than a step needs no margin over a step. With it, short
+        # chat prompts whose draft, priced by the prior, made 1.03x a step's rate never drafted, where the entropy stop
+        # made 1.10-1.13x of plain decoding (eval/results/step-probe-ab.md). A start dearer than a step (a long
+        # prompt's catch-up) is a bet on the prior that the call's first draft rounds cannot take back: the draft must
+        # beat a step by the margin, and repay its catch-up against a step that fast. Without the margin,
+        # summarization 282 of eval/results/steps-unit-ab.md (1,060 prompt tokens) started at 1.19x a step's rate;
+        # its first draft round took 7.1 s against 0.34 s a step, and its draft rounds had 3 of 21 sent tokens accepted.
+        explore = not draft_started and best.kind == "step" and catch_up <= self.costs.step()
+        bar = step.rates["step"] if explore else best_rate
         if draft_rate <= bar:
             return best
         # The catch-up (the prompt's at the first start; later, the tokens stepped or copied since the draft last

@@ -404,3 +404,23 @@ def test_an_untried_draft_needs_no_margin_over_a_step():
     assert 1.0 < rates["draft"] / rates["step"] < 1.0 + STEP_MARGIN, rates
     assert planner.plan([], room=100, draft_room=8, draft_missing=1, draft_started=True).kind == "step"
     assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"
+
+
+def test_an_untried_draft_whose_start_costs_more_than_a_step_needs_the_margin():
+    """The exploration above is free only where the catch-up is cheap: a long prompt's catch-up is paid whatever the
+    call's first draft rounds then teach it, so a draft priced by its prior at a little more than a step's rate does
+    not start there (it did: summarization 282 of eval/results/steps-unit-ab.md), while one clearly faster does."""
+    costs = _costs(step=0.3, verify=0.45, per_token=0.0, draft=0.17, feed=0.002)  # prior rate 3.4 / 0.96 s
+    planner = RoundPlanner(costs, max_new_tokens=128)
+    for _ in range(8):
+        planner.observe_round(new_tokens=1, seconds=0.3)  # rounds timed, and rent paid past the catch-up (ski rental)
+    long_prompt = dict(room=100, draft_room=8, draft_missing=500, draft_started=False)
+    assert costs.catch_up(500, first=True) > 3 * costs.step()
+    plan = planner.plan([], **long_prompt)
+    assert 1.0 < plan.rates["draft"] / plan.rates["step"] < 1.0 + STEP_MARGIN, plan.rates
+    # without the margin the rest of the call would repay it: 120 tokens at 1.06x a step's rate save 2.1 s > 1.0 s
+    assert planner._repays(costs.catch_up(500, first=True), plan.rates["draft"], plan.rates["step"])
+    assert plan.kind == "step"
+    assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"  # cheap
+    planner.drafts.accepted = 2.9  # the prior, were it this good: 1.2x a step's rate
+    assert planner.plan([], **long_prompt).kind == "draft"
