@@ -537,7 +537,7 @@ class RoundPlanner:
         # beat a step by the margin, and repay its catch-up against a step that fast. Without the margin,
         # summarization 282 of eval/results/steps-unit-ab.md (1,060 prompt tokens) started at 1.19x a step's rate;
         # its first draft round took 7.1 s against 0.34 s a step, and its draft rounds had 3 of 21 sent tokens accepted.
-        explore = not draft_started and best.kind == "step" and catch_up <= self.costs.step()
+        explore = not draft_started and best.kind == "step" and not self._dear(catch_up)
         bar = step.rates["step"] if explore else best_rate
         if draft_rate <= bar:
             return best
@@ -549,6 +549,11 @@ class RoundPlanner:
         else:
             starts = self._repays(catch_up, draft_rate, bar)
         return Plan("draft", expected, rates=rates) if starts else best
+
+    def _dear(self, catch_up: float) -> bool:
+        """Whether a first start's catch-up costs more than a plain step (a long prompt's): such a start waits for the
+        call's first rounds and clears `STEP_MARGIN` like any other option; a cheaper one is bought at once."""
+        return catch_up > self.costs.step()
 
     def _saves(self, price: float, other_rate: float, draft_rate: float) -> bool:
         """Whether drafting the rest of the call's budget at `draft_rate` instead of `other_rate` saves more than
@@ -562,7 +567,7 @@ class RoundPlanner:
         that forward's extra time. A catch-up dearer than a plain step (a long prompt) waits until
         `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent its time in them; a cheaper one (a short prompt)
         can be bought at once."""
-        if catch_up > self.costs.step() and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
+        if self._dear(catch_up) and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)

@@ -415,11 +415,12 @@ def test_an_untried_draft_whose_start_costs_more_than_a_step_needs_the_margin():
     for _ in range(8):
         planner.observe_round(new_tokens=1, seconds=0.3)  # rounds timed, and rent paid past the catch-up (ski rental)
     long_prompt = dict(room=100, draft_room=8, draft_missing=500, draft_started=False)
-    assert costs.catch_up(500, first=True) > 3 * costs.step()
+    catch_up = costs.catch_up(500, first=True)
+    assert catch_up > 3 * costs.step()
     plan = planner.plan([], **long_prompt)
     assert 1.0 < plan.rates["draft"] / plan.rates["step"] < 1.0 + STEP_MARGIN, plan.rates
     # without the margin the rest of the call would repay it: 120 tokens at 1.06x a step's rate save 2.1 s > 1.0 s
-    assert planner._repays(costs.catch_up(500, first=True), plan.rates["draft"], plan.rates["step"])
+    assert planner._repays(catch_up, plan.rates["draft"], plan.rates["step"])
     assert plan.kind == "step"
     assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"  # cheap
     planner.drafts.accepted = 2.9  # the prior, were it this good: 1.2x a step's rate
