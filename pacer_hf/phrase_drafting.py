@@ -59,8 +59,13 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
 
     # ---- what a round sends -------------------------------------------------------------------------------
 
-    def _propose(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
+    def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        # Every round starts here, also the last one, which the length limit leaves no room to plan (`"limit"`): timed
+        # from `_propose`, it would be learnt as lasting from the round before's start and adding both rounds' tokens.
         self._round_start, self._round_length = time.perf_counter(), input_ids.shape[1]
+        return super().get_candidates(input_ids, *args, **kwargs)
+
+    def _propose(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
         self.phrases.extend(input_ids[0, self.phrases.sequence_length :].tolist())
         options = self.phrases.copy_options(input_ids[0].tolist(), MAX_COPY_TOKENS)
         if input_ids.shape[1] == self._prompt_length:

@@ -287,6 +287,29 @@ def test_the_first_round_copies_nothing_from_the_prompt():
     assert stats.plans[0].kind == "step" and stats.round_kinds.get("copy", 0) > 0
 
 
+def test_the_last_round_is_learnt_as_itself():
+    """The call's last round, which the length limit leaves no room to plan (`"limit"`), is timed from its own start
+    and adds one token, not the round before's too: a call of plain steps teaches its planner every token but the
+    first round's."""
+    planners = []
+
+    class Recorded(planner.RoundPlanner):
+        def __init__(self, *args):
+            super().__init__(*args)
+            planners.append(self)
+
+        def plan(self, options, room, draft_room, draft_missing, draft_started):
+            return planner.Plan("step", 1.0)
+
+    target, draft = _pair("qwen2", "same")
+    generator = type("StepsOnly", (PhraseCandidateGenerator,), {"planner_class": Recorded})
+    out, stats = _generate(target, draft, make_head(draft, "always", block_size=1), PhrasePool(), generator,
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, _plain_greedy("qwen2", "same"))
+    assert [plan.kind for plan in stats.plans] == ["step"] * (MAX_NEW_TOKENS - 1) + ["limit"]
+    assert planners[0].new_tokens == MAX_NEW_TOKENS - 1 and planners[0].rounds_timed == MAX_NEW_TOKENS - 1
+
+
 # ---- the API --------------------------------------------------------------------------------------------------
 
 
