@@ -23,7 +23,9 @@ from eval.research.phrase_bound import (
     speedup,
 )
 from pacer_hf.phrases import KEY_LENGTHS, Phrase
-from pacer_hf.planner import COPY_PRIOR, MAX_COPY_TOKENS, CopyAcceptance, Plan, match_bucket
+from pacer_hf.planner import (
+    COPY_POSITIONS, COPY_PRIOR, MAX_COPY_TOKENS, CopyAcceptance, Plan, match_bucket, position_bucket,
+)
 
 # How many of the longest key's latest occurrences the "latest occurrences" offer adds (each a distinct continuation).
 LATEST_OCCURRENCES = 16
@@ -47,6 +49,49 @@ class OneNextRate(CopyAcceptance):
                 counts[1] += min(accepted, sent) - 1
 
 
+class OwnPrior(CopyAcceptance):
+    """Acceptance by position where a position no copy reached yet starts from the cell's prior, not from what the
+    positions before it learnt (the shipped estimate chains them: one copy accepted for 7 tokens makes every later
+    position about 0.96-0.98 likely, since each position's estimate starts from the one before's)."""
+
+    def hazards(self, option: Phrase, tokens: int) -> list[float]:
+        cell = (option.source, match_bucket(option.match_length))
+        prior_next = COPY_PRIOR[cell[0]][cell[1]][1]
+        return super().hazards(option, 1) + [
+            self._blend(self._next.get((position_bucket(i), *cell)),
+                        self._blend(self._next.get((position_bucket(i),)), prior_next))
+            for i in range(2, tokens + 1)]
+
+
+def capped(cap: float, from_position: int = 2) -> type[CopyAcceptance]:
+    """The shipped estimate with every next-token probability from `from_position` on at most `cap` (where the replay
+    finds it over-confident: about 0.98 predicted where 0.955 came true at positions 17 and on, on summaries)."""
+
+    class Capped(CopyAcceptance):
+        def hazards(self, option: Phrase, tokens: int) -> list[float]:
+            return [min(h, cap) if i + 1 >= from_position else h
+                    for i, h in enumerate(super().hazards(option, tokens))]
+
+    return Capped
+
+
+def prior_weight(weight: float) -> type[CopyAcceptance]:
+    """The shipped estimate with its priors weighing `weight` copies (`COPY_PRIOR_WEIGHT` ships)."""
+
+    class Weighted(CopyAcceptance):
+        @staticmethod
+        def _blend(counts: list[float] | None, prior: float) -> float:
+            tries, hits = counts or (0.0, 0.0)
+            return (hits + weight * prior) / (tries + weight)
+
+    return Weighted
+
+
+ESTIMATES = {"shipped": CopyAcceptance, "one next-token rate": OneNextRate, "own prior": OwnPrior,
+             "capped 0.96": capped(0.96), "capped 0.96 from 17": capped(0.96, 17),
+             "prior weight 1.5": prior_weight(1.5), "prior weight 6": prior_weight(6.0)}
+
+
 class CopyVariant(PlannedCopies):
     """pacer-hf's copy rounds with another offer, a fixed length, no plain steps or another acceptance estimate; or
     an oracle's choices.
@@ -57,7 +102,8 @@ class CopyVariant(PlannedCopies):
             (the shipped options plus the continuations of the longest key's `LATEST_OCCURRENCES` latest occurrences).
         fixed: send this many tokens of the first option, as prompt lookup does (no planner); `None`: the planner's.
         steps: whether the planner may take a plain step while a copy is on offer (else it copies the best option).
-        estimate: the copy acceptance estimate: `"shipped"` (by position) or `"one next-token rate"` (before).
+        estimate: the copy acceptance estimate, a name of `ESTIMATES`: `"shipped"` (by position), `"one next-token
+            rate"` (before), or a variant of the shipped one.
         free: whether a copy sends the verification's free candidates whatever its estimate says (shipped).
         oracle: knowing `output`, `"length"` sends exactly the accepted part of the planner's copy (a step where none
             would be), `"occurrence"` copies the offered occurrence with the most accepted tokens at the planner's
@@ -70,7 +116,7 @@ class CopyVariant(PlannedCopies):
                  fixed: int | None = None, steps: bool = True, estimate: str = "shipped", free: bool = True,
                  oracle: str | None = None, output: list[int] | None = None):
         super().__init__(prompt, costs, max_new_tokens)
-        self.planner.copies = OneNextRate() if estimate == "one next-token rate" else CopyAcceptance()
+        self.planner.copies = ESTIMATES[estimate]()
         if not free:
             self.planner.costs.free_candidates = lambda: 0
         self.offer, self.fixed, self.steps, self.oracle = offer, fixed, steps, oracle
@@ -129,6 +175,26 @@ class CopyVariant(PlannedCopies):
         super().observe(sent, accepted)
 
 
+class Calibrated(CopyVariant):
+    """The shipped rule, tallying per copied position that a copy sent and reached (every token before it accepted):
+    the probability the estimate gave it when the copy was chosen, and whether it was accepted."""
+
+    def __init__(self, *args, tally: dict[int, list[float]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tally, self._hazards = tally, []
+
+    def choose(self, options: list[Phrase]) -> Plan:
+        plan = super().choose(options)
+        self._hazards = self.planner.copies.hazards(plan.copy, plan.length) if plan.kind == "copy" else []
+        return plan
+
+    def observe(self, sent: int, accepted: int) -> None:
+        for i in range(1, min(sent, accepted + 1) + 1) if self._hazards else ():
+            cell = self.tally.setdefault(1 if i == 1 else COPY_POSITIONS[position_bucket(i)], [0, 0.0, 0])
+            cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + self._hazards[i - 1], cell[2] + (i <= accepted)
+        super().observe(sent, accepted)
+
+
 VARIANTS = {
     "shipped": {},
     "shipped, no plain steps": {"steps": False},
@@ -141,6 +207,7 @@ VARIANTS = {
     "no free candidates": {"free": False},
     "one next-token rate": {"estimate": "one next-token rate"},
     "one next-token rate, no free candidates (before)": {"estimate": "one next-token rate", "free": False},
+    **{f"estimate: {name}": {"estimate": name} for name in ESTIMATES if name not in ("shipped", "one next-token rate")},
     "oracle: length": {"oracle": "length"},
     "oracle: occurrence": {"oracle": "occurrence"},
     "oracle: both": {"oracle": "both"},
@@ -170,7 +237,19 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
     return result
 
 
-def markdown_table(result: dict, command: str) -> str:
+def calibration(rows: list[dict], costs: dict[str, StepCosts]) -> dict:
+    """Per prompt set and copied position (`COPY_POSITIONS` buckets; 1: a copy's first token): how many copied tokens
+    the shipped rule sent and reached there, the mean probability its estimate gave them, and the share accepted."""
+    result = {}
+    for row in rows:
+        tally = result.setdefault(row["set"], {})
+        replay_rounds(row["prompt"], row["output"],
+                      Calibrated(row["prompt"], costs[row["set"]], len(row["output"]), tally=tally))
+    return {name: {position: {"reached": n, "predicted": p / n, "accepted": a / n}
+                   for position, (n, p, a) in sorted(tally.items())} for name, tally in result.items()}
+
+
+def markdown_table(result: dict, calibration_result: dict, command: str) -> str:
     rules = [m for m in next(iter(result.values()))["speedup"] if m != "autoregressive"]
     lines = [f"`{command}`: predicted speed-up over autoregressive decoding of each copy rule alone (no draft), and "
              "its ratio to the set's best prompt lookup; prompts per set: "
@@ -179,6 +258,12 @@ def markdown_table(result: dict, command: str) -> str:
     for rule in rules:
         lines.append(f"| {rule} | " + " | ".join(f"{s['speedup'][rule]:.2f}x ({s['over_best_prompt_lookup'][rule]:.3f})"
                                                  for s in result.values()) + " |")
+    lines += ["", "The shipped rule's estimate against what came true, per copied position from there on (positions "
+              "that a copy sent and reached, every token before them accepted):", "",
+              "| set | position | reached | predicted | accepted |", "|---|---|---|---|---|"]
+    for name, positions in calibration_result.items():
+        lines += [f"| {name} | {position} | {c['reached']} | {c['predicted']:.3f} | {c['accepted']:.3f} |"
+                  for position, c in positions.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -189,20 +274,25 @@ def main() -> None:
     parser.add_argument("--verify-curve", nargs=3, type=float, metavar=("KNEE", "SHORT", "LONG"),
                         help="price a verification of n candidates at SHORT of a target call each up to KNEE and LONG "
                              "each after, instead of the run's fitted line (measured: eval.research.costs --context)")
+    parser.add_argument("--any-dtype", action="store_true",
+                        help="price the records' texts with a run of the same pair in another dtype (a rule comparison "
+                             "on other prompts' outputs; a dtype's greedy texts differ a little)")
     parser.add_argument("--out", type=Path, default=Path("eval/results/copy-rules"))
     args = parser.parse_args()
-    rows, cost_rows = load_rows(args.records, args.costs_from, sources=False)
+    rows, cost_rows = load_rows(args.records, args.costs_from, sources=False, any_dtype=args.any_dtype)
     costs, constants = fit_costs(cost_rows)
     curve = None
     if args.verify_curve:
         curve = (int(args.verify_curve[0]), args.verify_curve[1], args.verify_curve[2])
         costs = {name: dataclasses.replace(c, verify_curve=curve) for name, c in costs.items()}
     result = compare(rows, costs, prefills_for(rows, cost_rows, constants))
+    calibrated = calibration(rows, costs)
     command = f"python -m eval.research.copy_rules {args.records} --costs-from {args.costs_from}" + (
-        " --verify-curve {} {:g} {:g}".format(*curve) if curve else "")
+        " --verify-curve {} {:g} {:g}".format(*curve) if curve else "") + (" --any-dtype" if args.any_dtype else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "sets": result}, indent=1))
-    table = markdown_table(result, command)
+    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "sets": result,
+                                                         "calibration": calibrated}, indent=1))
+    table = markdown_table(result, calibrated, command)
     args.out.with_suffix(".md").write_text(table)
     print(table)
 

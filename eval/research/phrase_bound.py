@@ -432,12 +432,13 @@ def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | Non
 
 
 def load_rows(records: Path, costs_from: Path | None = None, per_set: int | None = None,
-              sources: bool = True) -> tuple[list[dict], list[dict] | None]:
+              sources: bool = True, any_dtype: bool = False) -> tuple[list[dict], list[dict] | None]:
     """The rows ([`collect`]) of a greedy run's prompts and, given `costs_from`, of the run whose costs price them
-    (the same pair and dtype; its rows without sources)."""
+    (the same pair and dtype, or with `any_dtype` the same pair: texts of one dtype priced as another's run; its rows
+    without sources)."""
     env, run_records = load_run(records)
     cost_run = load_run(costs_from) if costs_from else None
-    if cost_run and (cost_run[0]["pair"], cost_run[0]["dtype"]) != (env["pair"], env["dtype"]):
+    if cost_run and (cost_run[0]["pair"] != env["pair"] or (not any_dtype and cost_run[0]["dtype"] != env["dtype"])):
         raise ValueError(f"`--costs-from` ran {cost_run[0]['pair']} in {cost_run[0]['dtype']}, the records "
                          f"{env['pair']} in {env['dtype']}: price a run with the costs of the same pair and dtype.")
     draft, tokenizer = load_model(PAIRS[env["pair"]][0], dtype=getattr(torch, env["dtype"]))

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from eval.research.copy_rules import VARIANTS, CopyVariant, compare, markdown_table
+from eval.research.copy_rules import ESTIMATES, VARIANTS, CopyVariant, calibration, compare, markdown_table
 from eval.research.phrase_bound import PlannedCopies, StepCosts, look_up_rules, replay_rounds
 from pacer_hf import PhrasePool
 from pacer_hf.phrases import Phrase
@@ -62,7 +62,12 @@ def test_compare_prices_every_variant_against_the_best_prompt_lookup():
     assert set(VARIANTS) <= set(result["speedup"])
     assert result["over_best_prompt_lookup"][result["best_prompt_lookup"]] == 1
     assert all(v > 1 for m, v in result["speedup"].items() if m != "autoregressive")  # the output repeats the prompt
-    assert "| shipped | " in markdown_table({"s": result}, "cmd")
+    calibrated = calibration(rows, {"s": COSTS})["s"]
+    copies = sum(1 for sent, _ in _rounds(CopyVariant(PROMPT, COSTS, len(OUTPUT))) if sent)
+    assert calibrated[1]["reached"] == copies  # every copy reaches its first token
+    assert all(0 <= c["predicted"] <= 1 and 0 <= c["accepted"] <= 1 for c in calibrated.values())
+    table = markdown_table({"s": result}, {"s": calibrated}, "cmd")
+    assert "| shipped | " in table and "| s | 1 | " in table
 
 
 def _rounds(rule) -> list[tuple[int, int]]:
@@ -113,3 +118,15 @@ def test_a_verify_curve_prices_candidates_past_its_knee_apart():
     assert COSTS.round_seconds(30) == pytest.approx(0.1 + 0.002 * 30)
     replayed = CopyVariant(PROMPT, convex, 40).planner.costs  # the replayed planner learns the curve
     assert replayed.target(10) == pytest.approx(0.11, rel=0.02) and replayed.target(64) > replayed.target(10) * 2
+
+
+def test_the_estimate_variants_differ_from_shipped_where_they_say():
+    """One copy accepted for 7 tokens: the shipped estimate carries it to later positions, the own-prior variant does
+    not, the capped one stays under its cap from its position on."""
+    option, long_option = Phrase([1] * 7, "sequence", 17), Phrase([1] * 40, "sequence", 17)
+    estimates = {name: ESTIMATES[name]() for name in ("shipped", "own prior", "capped 0.96 from 17")}
+    for estimate in estimates.values():
+        estimate.observe(option, 7, 7)
+    shipped, own, capped = (estimates[name].hazards(long_option, 40) for name in estimates)
+    assert own[0] == shipped[0] and own[20] < shipped[20]
+    assert capped[:16] == shipped[:16] and max(capped[16:]) <= 0.96 < max(shipped[16:])
