@@ -328,14 +328,15 @@ class CopyAcceptance:
     second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
     would put both near 0.9."""
 
+    prior_weight: float = COPY_PRIOR_WEIGHT  # in copies (a variant of the estimate may weigh its priors otherwise)
+
     def __init__(self) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
         self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
 
-    @staticmethod
-    def _blend(counts: list[float] | None, prior: float) -> float:
+    def _blend(self, counts: list[float] | None, prior: float) -> float:
         tries, hits = counts or (0.0, 0.0)
-        return (hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
+        return (hits + self.prior_weight * prior) / (tries + self.prior_weight)
 
     def hazards(self, option: Phrase, tokens: int) -> list[float]:
         """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""

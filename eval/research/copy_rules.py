@@ -79,14 +79,7 @@ def capped(cap: float, from_position: int = 2) -> type[CopyAcceptance]:
 
 def prior_weight(weight: float) -> type[CopyAcceptance]:
     """The shipped estimate with its priors weighing `weight` copies (`COPY_PRIOR_WEIGHT` ships)."""
-
-    class Weighted(CopyAcceptance):
-        @staticmethod
-        def _blend(counts: list[float] | None, prior: float) -> float:
-            tries, hits = counts or (0.0, 0.0)
-            return (hits + weight * prior) / (tries + weight)
-
-    return Weighted
+    return type(f"PriorWeight{weight:g}", (CopyAcceptance,), {"prior_weight": weight})
 
 
 ESTIMATES = {"shipped": CopyAcceptance, "one next-token rate": OneNextRate, "own prior": OwnPrior,
