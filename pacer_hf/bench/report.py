@@ -188,7 +188,9 @@ def markdown_table(result: dict) -> str:
         + (f"; run in {1 + len(env['resumed'])} sittings (`--resume`)" if env.get("resumed") else "")
         + (f"; each method {env['repeat']} times per prompt, median wall time" if env.get("repeat", 1) > 1 else "")
         + (f"; {len(result['left_out'])} prompt(s) not finished by every method left out" if result.get("left_out")
-           else ""),
+           else "")
+        + (f"; every forward timed by the cost model {env['virtual_clock']['model']} (`eval.research.virtual_clock`), "
+           "not by this machine" if env.get("virtual_clock") else ""),
         "",
         "| prompt set | method | tokens/s (mean) | speed-up | speed-up (median) | tau | draft forwards/accepted | "
         "equal to AR | pass@1 |" + (" speed-up (decode) |" if decode else ""),

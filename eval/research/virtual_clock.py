@@ -1,0 +1,158 @@
+"""The harness on a virtual clock: every model forward costs what a cost model of another machine says, not what it
+took here, so a planner can be judged at the bar's costs on a machine that does not have them, and without noise.
+
+The bar of issue #27 (`docs/benchmarks.md`) runs in bfloat16 on an AMD EPYC with bfloat16 units, where a draft round
+pays on open text; on a CPU without them (AVX2 only) bfloat16 has no prepacked kernels and float32 prices a draft
+forward near a plain step, so a planner tuned here learns another machine. This runs the models here (float32, for
+speed: the tokens are this machine's), and replaces each forward's seconds with the model's, through the one clock
+every timing reads (`time.perf_counter`, patched process-wide): the harness's wall times, the planner's costs and
+the records all see the modelled machine. The rest of a call (Python, the head, logits processing) keeps its real
+seconds here.
+
+    SB=../shared/data/spec-bench/question.jsonl
+    python -m eval.research.virtual_clock --pair qwen2.5-coder --dtype float32 --prepack \\
+        --prompts sharegpt:10:6 --methods autoregressive prompt-lookup-k10 entropy entropy+phrases \\
+        --out eval/results/virtual-bar-sharegpt
+
+With `--rev REV` the earlier planners of `eval.research.planner_ab` run too. Every other argument is the harness's.
+The records' environment says `"virtual_clock"` with the cost model's constants.
+
+The cost model (`BAR_AMD_BF16`, fitted from the bar's own records, `eval/results/planner-bar-amd-v2.jsonl`, and the
+cost tables of that machine, `eval/results/costs-qwen-bf16-prepack{,-long}.md`): a target forward of one new token
+costs a step, `step_s + step_per_cached_s * L` for a cache of L tokens (fitted on the 54 plain-decoding calls); one
+of 2 to 10 tokens 1.07 steps (the tables' mean, 1.09 and 1.06 at caches of 200 and 1000), and each token past 10 adds
+4% (the long table: 1.91 steps for 33 tokens); past 64 tokens a prefill,
+`prefill_s + prefill_per_token_s * n + prefill_quadratic_s * n^2` (fitted on the same calls' first forwards). A draft
+forward of up to 64 tokens costs `draft_ratio` of a target forward of as many tokens, and a longer one
+`draft_prefill_per_token_s` a token: least squares over the 54 fixed-k4 calls, each priced by its prompt's plain
+step, gave 0.40 of a step and 7.2 ms a prompt token; over fixed-k4, entropy and confidence together 0.44 and 5.5 ms
+(entropy alone 0.48: pacer-hf's draft loop also runs the head and reads hidden states, which here keep their real
+seconds). The calls' own noise is large (16-23% of a call's time around the fits), so the model ranks methods; it
+does not replace the bar.
+"""
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from pacer_hf.bench import run
+
+from . import planner_ab
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Seconds of one forward of n new tokens onto a cache of `cached` tokens, for a target and its draft."""
+
+    step_s: float
+    step_per_cached_s: float
+    short_tokens: int  # forwards of 2 to this many tokens cost `short_ratio` of a step
+    short_ratio: float
+    per_token_past_short: float  # of a step
+    prefill_from: int  # forwards of more tokens than this are priced as prefills
+    prefill_s: float
+    prefill_per_token_s: float
+    prefill_quadratic_s: float
+    draft_ratio: float
+    draft_prefill_s: float
+    draft_prefill_per_token_s: float
+
+    def target(self, n: int, cached: int) -> float:
+        if n > self.prefill_from:
+            return self.prefill_s + self.prefill_per_token_s * n + self.prefill_quadratic_s * n * n
+        return self._short(n, cached)
+
+    def draft(self, n: int, cached: int) -> float:
+        if n > self.prefill_from:
+            return self.draft_prefill_s + self.draft_prefill_per_token_s * n
+        return self.draft_ratio * self._short(n, cached)
+
+    def _short(self, n: int, cached: int) -> float:
+        step = self.step_s + self.step_per_cached_s * cached
+        if n == 1:
+            return step
+        return step * self.short_ratio * (1.0 + self.per_token_past_short * max(0, n - self.short_tokens))
+
+
+BAR_AMD_BF16 = ForwardCosts(
+    step_s=0.2372, step_per_cached_s=8.58e-5, short_tokens=10, short_ratio=1.07, per_token_past_short=0.04,
+    prefill_from=64, prefill_s=0.360, prefill_per_token_s=6.26e-3, prefill_quadratic_s=2.10e-6,
+    draft_ratio=0.42, draft_prefill_s=0.0, draft_prefill_per_token_s=5.5e-3,
+)
+
+
+def _new_and_cached(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """The forward's new tokens and the cache it extends, from a causal LM's call."""
+    fed = kwargs.get("input_ids")
+    if fed is None:
+        fed = args[0] if args else kwargs.get("inputs_embeds")
+    cache = kwargs.get("past_key_values")
+    cached = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    return int(fed.shape[1]), int(cached)
+
+
+class VirtualClock:
+    """`time.perf_counter` plus an offset that turns each hooked forward's real seconds into modelled ones."""
+
+    def __init__(self, costs: ForwardCosts):
+        self.costs = costs
+        self.offset_s = 0.0
+        self.modelled_s = 0.0
+        self._real = time.perf_counter
+        self._started: dict[int, tuple[float, float]] = {}
+
+    def now(self) -> float:
+        return self._real() + self.offset_s
+
+    def install(self) -> None:
+        time.perf_counter = self.now
+
+    def uninstall(self) -> None:
+        time.perf_counter = self._real
+
+    def attach(self, model: torch.nn.Module, price) -> None:
+        """Hooks registered before the harness's own, so that its post-forward hook reads the corrected clock."""
+
+        def before(module, args, kwargs):
+            self._started[id(module)] = (self._real(), price(*_new_and_cached(args, kwargs)))
+
+        def after(module, args, kwargs, output):
+            real_start, modelled = self._started.pop(id(module))
+            self.offset_s += modelled - (self._real() - real_start)
+            self.modelled_s += modelled
+
+        model.register_forward_pre_hook(before, with_kwargs=True)
+        model.register_forward_hook(after, with_kwargs=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    clock = VirtualClock(BAR_AMD_BF16)
+    load_models, environment = run.load_models, run.environment
+
+    def load_on_the_clock(args: argparse.Namespace):
+        models = load_models(args)
+        clock.attach(models.target, clock.costs.target)
+        clock.attach(models.draft, clock.costs.draft)
+        return models
+
+    def environment_on_the_clock(*args, **kwargs) -> dict[str, Any]:
+        return {**environment(*args, **kwargs), "virtual_clock": {"model": "BAR_AMD_BF16", **asdict(clock.costs)}}
+
+    run.load_models, run.environment = load_on_the_clock, environment_on_the_clock
+    clock.install()
+    try:
+        if any(arg == "--rev" or arg.startswith("--rev=") for arg in (argv or [])):
+            planner_ab.main(argv)
+        else:
+            run.main(argv, prog="python -m eval.research.virtual_clock")
+    finally:
+        clock.uninstall()
+        run.load_models, run.environment = load_models, environment
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
