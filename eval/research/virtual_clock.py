@@ -10,9 +10,10 @@ the records all see the modelled machine. The rest of a call (Python, the head, 
 seconds here.
 
     SB=../shared/data/spec-bench/question.jsonl
-    python -m eval.research.virtual_clock --pair qwen2.5-coder --dtype float32 --prepack \\
-        --prompts sharegpt:10:6 --methods autoregressive prompt-lookup-k10 entropy entropy+phrases \\
-        --out eval/results/virtual-bar-sharegpt
+    OMP_WAIT_POLICY=PASSIVE python -m eval.research.virtual_clock --pair qwen2.5-coder --dtype float32 --prepack \\
+        --prompts sharegpt:10:6 "$SB#writing:0:6" "$SB#translation:60:6" \\
+        --methods autoregressive confidence prompt-lookup-k10 entropy entropy+phrases \\
+        --out eval/results/virtual-bar-open-text
 
 With `--rev REV` the earlier planners of `eval.research.planner_ab` run too. Every other argument is the harness's.
 The records' environment says `"virtual_clock"` with the cost model's constants.
@@ -26,9 +27,10 @@ of 2 to 10 tokens 1.07 steps (the tables' mean, 1.09 and 1.06 at caches of 200 a
 forward of up to 64 tokens costs `draft_ratio` of a target forward of as many tokens, and a longer one
 `draft_prefill_per_token_s` a token: least squares over the 54 fixed-k4 calls, each priced by its prompt's plain
 step, gave 0.40 of a step and 7.2 ms a prompt token; over fixed-k4, entropy and confidence together 0.44 and 5.5 ms
-(entropy alone 0.48: pacer-hf's draft loop also runs the head and reads hidden states, which here keep their real
-seconds). The calls' own noise is large (16-23% of a call's time around the fits), so the model ranks methods; it
-does not replace the bar.
+(entropy alone 0.48: pacer-hf's draft loop also runs the head and reads hidden states, which keep their real
+seconds here); the model takes 0.42 and 5.5 ms. The step's fit holds that machine's Python per step too, and this
+machine's is added (about 1.2 ms a plain step, 0.5%). The calls' own noise is large (16-23% of a call's time around
+the fits), so the model ranks methods; it does not replace the bar.
 """
 
 import argparse
