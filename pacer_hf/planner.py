@@ -127,6 +127,15 @@ MAX_COPY_TOKENS = 64
 # prompts (translation, extraction, qa) the answers are short too, and rounds without the draft are a large share there.
 RECENT_RATE_DECAY = 0.7
 ROUNDS_BEFORE_DRAFT = 2
+# And such a dear start is bought only where the time its prior promises to save is this many times its price: the
+# prior is optimistic on purpose (a call learns the draft from its first rounds), and a catch-up, once paid, is not
+# taken back. At 2 the bet still breaks even if the prior holds on only half of the texts (it saves S - C where it
+# holds, loses C where not: 0.5 (S - C) - 0.5 C >= 0 for S >= 2 C). At even odds summary 301 of
+# eval/results/virtual-bar-summaries (640 prompt tokens, its copies at 1.5 times a step's rate, the prior's at 1.5 too)
+# bought a catch-up the prior said would save 1.1 times its price, drafted one token and lost 4.0 s to prompt lookup's
+# 18.8; on summaries 40-47 at the bar's modelled costs, 126.8 s against 135.3 s at even odds
+# (eval/results/virtual-dear-odds-ab.md).
+DEAR_START_ODDS = 2.0
 # Phrase confirmation: the probability that the draft's own choice confirms a looked-up phrase's first token, and each
 # next one once every one before it was; weighed like the copy priors (`COPY_PRIOR_WEIGHT`). With about three tokens
 # offered a forward it gives 0.2 confirmed a forward, 7% of those offered: the planned rounds of
@@ -305,6 +314,13 @@ def costs_for(target: object, draft: object) -> CallCosts:
     return by_draft.setdefault(id(draft), CallCosts())
 
 
+def blend(counts: Sequence[float] | None, prior: float) -> float:
+    """A probability from `counts` = [tries, hits] (none: no tries) and a `prior` that weighs `COPY_PRIOR_WEIGHT`
+    tries."""
+    tries, hits = counts or (0.0, 0.0)
+    return (hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
+
+
 def match_bucket(match_length: int) -> int:
     """The index of the `MATCH_BUCKETS` bucket of a match length."""
     return max(i for i, low in enumerate(MATCH_BUCKETS) if match_length >= low)
@@ -328,27 +344,21 @@ class CopyAcceptance:
     second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
     would put both near 0.9."""
 
-    prior_weight: float = COPY_PRIOR_WEIGHT  # in copies (a variant of the estimate may weigh its priors otherwise)
-
     def __init__(self) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
         self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
-
-    def _blend(self, counts: list[float] | None, prior: float) -> float:
-        tries, hits = counts or (0.0, 0.0)
-        return (hits + self.prior_weight * prior) / (tries + self.prior_weight)
 
     def hazards(self, option: Phrase, tokens: int) -> list[float]:
         """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""
         cell = (option.source, match_bucket(option.match_length))
         prior_first, prior_next = COPY_PRIOR[cell[0]][cell[1]]
-        hazards = [self._blend(self._first.get(cell), self._blend(self._first.get(()), prior_first))]
+        hazards = [blend(self._first.get(cell), blend(self._first.get(()), prior_first))]
         pooled = prior_next  # a position no copy reached yet starts from the one before it
         for position in range(2, tokens + 1):
             at = (position_bucket(position),)
             if position == COPY_POSITIONS[at[0]]:
-                pooled = self._blend(self._next.get(at), pooled)
-            hazards.append(self._blend(self._next.get(at + cell), pooled))
+                pooled = blend(self._next.get(at), pooled)
+            hazards.append(blend(self._next.get(at + cell), pooled))
         return hazards
 
     def observe(self, option: Phrase, sent: int, accepted: int) -> None:
@@ -419,8 +429,7 @@ class Confirmations:
 
     def hazards(self) -> tuple[float, float]:
         """P(first token confirmed), P(next token confirmed | every one before it was)."""
-        return tuple((hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
-                     for (tries, hits), prior in zip((self._first, self._next), CONFIRM_PRIOR))
+        return blend(self._first, CONFIRM_PRIOR[0]), blend(self._next, CONFIRM_PRIOR[1])
 
     def observe(self, reached: int, confirmed: int) -> None:
         """A forward whose draft chose a token at `reached` positions of the fed phrase, the first `confirmed` of them
@@ -566,13 +575,15 @@ class RoundPlanner:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
         the call's budget at its rate instead of the other options' (or of the recent rounds', if faster), against
         that forward's extra time. A catch-up dearer than a plain step (a long prompt) waits until
-        `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent its time in them; a cheaper one (a short prompt)
-        can be bought at once."""
-        if self._dear(catch_up) and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
+        `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent its time in them, and must be repaid
+        `DEAR_START_ODDS` times over; a cheaper one (a short prompt) can be bought at once."""
+        dear = self._dear(catch_up)
+        if dear and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)
-        return draft_rate > other_rate and self._saves(catch_up, other_rate, draft_rate)
+        price = DEAR_START_ODDS * catch_up if dear else catch_up
+        return draft_rate > other_rate and self._saves(price, other_rate, draft_rate)
 
     def confirm_length(self, phrase_length: int) -> int:
         """How many tokens of a looked-up phrase of `phrase_length` a draft forward feeds for confirmation: token i

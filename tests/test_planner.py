@@ -8,7 +8,7 @@ import pytest
 
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
-    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE,
+    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE,
     PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner,
     costs_for,
 )
@@ -345,6 +345,34 @@ def test_the_lazy_draft_waits_while_the_recent_rounds_are_faster_than_it_would_b
     for _ in range(8):
         planner.observe_round(new_tokens=1, seconds=0.32)  # the copies stop paying: the recent rate falls
     assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "draft"
+
+
+def test_a_dear_start_must_promise_to_save_its_catch_up_several_times_over():
+    """A long prompt's catch-up is paid on the draft's prior, which is optimistic on purpose: at even odds summary
+    301 bought a catch-up its prior promised to repay 1.1 times over, drafted one token and took 21% longer than
+    prompt lookup (eval/results/virtual-bar-summaries). A start the rest of the call repays only about 1.5 times over
+    waits; one it repays `DEAR_START_ODDS` times over is bought."""
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
+    _drafting(planner, accepted=3)
+    for _ in range(8):
+        planner.observe_round(new_tokens=1, seconds=0.3)  # plain steps, and rent paid past the catch-up
+    long_prompt = dict(room=100, draft_room=8, draft_missing=1000, draft_started=False)
+    catch_up = planner.costs.catch_up(1000, first=True)
+    draft_rate = planner.plan([], **long_prompt).rates["draft"]
+    saved_a_token = 1 / (1.0 + STEP_MARGIN) * planner.costs.step() - 1 / draft_rate  # against the step's bar
+
+    def saving(remaining: int) -> float:
+        planner.max_new_tokens = planner.new_tokens + remaining
+        return remaining * saved_a_token
+
+    barely = round(1.5 * catch_up / saved_a_token)
+    assert 1.3 < saving(barely) / catch_up < 1.8
+    assert planner.plan([], **long_prompt).kind == "step"
+    clearly = round(1.2 * DEAR_START_ODDS * catch_up / saved_a_token)
+    assert saving(clearly) / catch_up > DEAR_START_ODDS
+    assert planner.plan([], **long_prompt).kind == "draft"
+    saving(barely)  # a cheap catch-up (a short prompt) is bought at even odds
+    assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"
 
 
 def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepted():
