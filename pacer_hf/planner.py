@@ -136,6 +136,13 @@ ROUNDS_BEFORE_DRAFT = 2
 # 18.8; on summaries 40-47 at the bar's modelled costs, 126.8 s against 135.3 s at even odds
 # (eval/results/virtual-dear-odds-ab.md).
 DEAR_START_ODDS = 2.0
+# It is repaid over the tokens the call is expected to add yet, not over the rest of its budget: answers often end far
+# before it (the bar's rag, qa, translation and extraction answers ran 11-109 tokens of 128, eval/results/
+# planner-bar-amd-v2), and a start on the budget's promise lost rag 524 of eval/results/virtual-dear-odds-ab 4.4 s
+# (an 804-token prompt's catch-up, 10 tokens before an answer that ended at 23). Expected: as many as the call added
+# so far (a call that went on for n tokens tends to go on for about as many more), at least this many, at most the
+# budget's rest.
+EXPECTED_ANSWER_TOKENS = 64
 # Phrase confirmation: the probability that the draft's own choice confirms a looked-up phrase's first token, and each
 # next one once every one before it was; weighed like the copy priors (`COPY_PRIOR_WEIGHT`). With about three tokens
 # offered a forward it gives 0.2 confirmed a forward, 7% of those offered: the planned rounds of
@@ -565,25 +572,34 @@ class RoundPlanner:
         call's first rounds and clears `STEP_MARGIN` like any other option; a cheaper one is bought at once."""
         return catch_up > self.costs.step()
 
-    def _saves(self, price: float, other_rate: float, draft_rate: float) -> bool:
-        """Whether drafting the rest of the call's budget at `draft_rate` instead of `other_rate` saves more than
-        `price` seconds."""
-        remaining = max(self.max_new_tokens - self.new_tokens, 0)
+    def _saves(self, price: float, other_rate: float, draft_rate: float, remaining: float | None = None) -> bool:
+        """Whether drafting `remaining` tokens (default: the rest of the call's budget) at `draft_rate` instead of
+        `other_rate` saves more than `price` seconds."""
+        if remaining is None:
+            remaining = max(self.max_new_tokens - self.new_tokens, 0)
         return remaining * (1 / other_rate - 1 / draft_rate) > price
+
+    def _expected_remaining(self) -> float:
+        """The tokens this call is expected to add yet (see `EXPECTED_ANSWER_TOKENS`)."""
+        budget = max(self.max_new_tokens - self.new_tokens, 0)
+        return min(budget, max(self.new_tokens, EXPECTED_ANSWER_TOKENS))
 
     def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
         the call's budget at its rate instead of the other options' (or of the recent rounds', if faster), against
         that forward's extra time. A catch-up dearer than a plain step (a long prompt) waits until
         `ROUNDS_BEFORE_DRAFT` rounds were timed and the call spent its time in them, and must be repaid
-        `DEAR_START_ODDS` times over; a cheaper one (a short prompt) can be bought at once."""
+        `DEAR_START_ODDS` times over by the tokens the call is expected to add yet (`EXPECTED_ANSWER_TOKENS`); a
+        cheaper one (a short prompt) can be bought at once."""
         dear = self._dear(catch_up)
         if dear and (self.rounds_timed < ROUNDS_BEFORE_DRAFT or self.seconds < catch_up):
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)
-        price = DEAR_START_ODDS * catch_up if dear else catch_up
-        return draft_rate > other_rate and self._saves(price, other_rate, draft_rate)
+        if not dear:
+            return draft_rate > other_rate and self._saves(catch_up, other_rate, draft_rate)
+        return draft_rate > other_rate and self._saves(DEAR_START_ODDS * catch_up, other_rate, draft_rate,
+                                                       self._expected_remaining())
 
     def confirm_length(self, phrase_length: int) -> int:
         """How many tokens of a looked-up phrase of `phrase_length` a draft forward feeds for confirmation: token i

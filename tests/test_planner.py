@@ -8,9 +8,9 @@ import pytest
 
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
-    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_VERIFY_BASE,
-    PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner,
-    costs_for,
+    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, EXPECTED_ANSWER_TOKENS, FREE_VERIFY, MAX_COPY_TOKENS,
+    PRIOR_DRAFT, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts,
+    Confirmations, Plan, RoundPlanner, costs_for,
 )
 
 
@@ -375,6 +375,28 @@ def test_a_dear_start_must_promise_to_save_its_catch_up_several_times_over():
     assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"
 
 
+def test_a_dear_start_is_repaid_over_the_tokens_the_call_is_expected_to_add_not_its_budget():
+    """Answers often end far before the budget (rag 524 drafted on the promise of 118 more tokens, 10 tokens before
+    its answer ended, and lost 4.4 s to its 804-token prompt's catch-up): a dear start is repaid over as many tokens
+    as the call added so far, at least `EXPECTED_ANSWER_TOKENS`, at most the budget's rest."""
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=1000)
+    _drafting(planner, accepted=2, seconds=0.4)  # drafting: 3 tokens in 0.7 s
+    for _ in range(8):
+        planner.observe_round(new_tokens=1, seconds=0.3)  # plain steps, and rent paid past the catch-up
+    long_prompt = dict(room=100, draft_room=8, draft_missing=1000, draft_started=False)  # a 2 s catch-up
+    catch_up = planner.costs.catch_up(1000, first=True)
+    rates = planner.plan([], **long_prompt).rates
+    needed = DEAR_START_ODDS * catch_up / (1 / ((1.0 + STEP_MARGIN) * rates["step"]) - 1 / rates["draft"])
+    assert EXPECTED_ANSWER_TOKENS < needed < 500
+    assert planner._expected_remaining() == EXPECTED_ANSWER_TOKENS
+    assert planner.plan([], **long_prompt).kind == "step"  # the budget's 992 tokens would repay it
+    planner.new_tokens = round(needed) + 10  # a call that went on this long tends to go on as long again
+    assert planner._expected_remaining() == planner.new_tokens
+    assert planner.plan([], **long_prompt).kind == "draft"
+    planner.max_new_tokens = planner.new_tokens + EXPECTED_ANSWER_TOKENS  # but never past its budget
+    assert planner.plan([], **long_prompt).kind == "step"
+
+
 def test_a_tail_after_the_draft_is_sent_only_where_such_rounds_are_fully_accepted():
     planner = RoundPlanner(_costs(per_token=0.02), max_new_tokens=128)
     for _ in range(16):
@@ -442,12 +464,13 @@ def test_an_untried_draft_whose_start_costs_more_than_a_step_needs_the_margin():
     planner = RoundPlanner(costs, max_new_tokens=128)
     for _ in range(8):
         planner.observe_round(new_tokens=1, seconds=0.3)  # rounds timed, and rent paid past the catch-up (ski rental)
-    long_prompt = dict(room=100, draft_room=8, draft_missing=500, draft_started=False)
-    catch_up = costs.catch_up(500, first=True)
-    assert catch_up > 3 * costs.step()
+    long_prompt = dict(room=100, draft_room=8, draft_missing=200, draft_started=False)
+    catch_up = costs.catch_up(200, first=True)
+    assert catch_up > costs.step()
     plan = planner.plan([], **long_prompt)
     assert 1.0 < plan.rates["draft"] / plan.rates["step"] < 1.0 + STEP_MARGIN, plan.rates
-    # without the margin the rest of the call would repay it: 120 tokens at 1.06x a step's rate save 2.1 s > 1.0 s
+    # without the margin the rest of the call would repay it: 64 tokens (what the call is expected to add yet) at 1.06x
+    # a step's rate save 1.1 s, more than twice the catch-up's 0.4 s
     assert planner._repays(catch_up, plan.rates["draft"], plan.rates["step"])
     assert plan.kind == "step"
     assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"  # cheap
