@@ -24,9 +24,9 @@ matrix units, verifying a few candidates costs about one step; on a CPU without 
 
 The draft is lazy: it starts only when a round is worth drafting and the gain over the rest of the call repays the
 forward that catches its cache up (the whole prompt the first time); a catch-up dearer than a plain step (a long
-prompt) also waits until the call's first rounds have shown what copying and plain steps achieve
-([`RoundPlanner._repays`]). Rounds without the draft move its estimates
-back towards the prior, so one poor draft round does not end drafting for the rest of a call.
+prompt) also waits until the call's first rounds have shown what copying and plain steps achieve, and must be repaid
+twice over by the tokens the call is expected to add yet ([`RoundPlanner._repays`]). Rounds without the draft move
+its estimates back towards the prior, so one poor draft round does not end drafting for the rest of a call.
 """
 
 import weakref
