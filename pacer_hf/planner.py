@@ -138,8 +138,9 @@ ROUNDS_BEFORE_DRAFT = 2
 DEAR_START_ODDS = 2.0
 # It is repaid over the tokens the call is expected to add yet, not over the rest of its budget: answers often end far
 # before it (the bar's rag, qa, translation and extraction answers ran 11-109 tokens of 128, eval/results/
-# planner-bar-amd-v2), and a start on the budget's promise lost rag 524 of eval/results/virtual-dear-odds-ab 4.4 s
-# (an 804-token prompt's catch-up, 10 tokens before an answer that ended at 23). Expected: as many as the call added
+# planner-bar-amd-v2): rag 524 of eval/results/virtual-dear-odds-ab bought its 804-token prompt's catch-up on the
+# budget's promise of 118 more tokens, 10 tokens before its answer ended at 23, and took 16.5 s against prompt lookup's
+# 12.2 s (with this estimate 12.0 s, eval/results/virtual-answer-length-ab). Expected: as many as the call added
 # so far (a call that went on for n tokens tends to go on for about as many more), at least this many, at most the
 # budget's rest.
 EXPECTED_ANSWER_TOKENS = 64
@@ -321,11 +322,10 @@ def costs_for(target: object, draft: object) -> CallCosts:
     return by_draft.setdefault(id(draft), CallCosts())
 
 
-def blend(counts: Sequence[float] | None, prior: float) -> float:
-    """A probability from `counts` = [tries, hits] (none: no tries) and a `prior` that weighs `COPY_PRIOR_WEIGHT`
-    tries."""
+def blend(counts: Sequence[float] | None, prior: float, weight: float = COPY_PRIOR_WEIGHT) -> float:
+    """A probability from `counts` = [tries, hits] (none: no tries) and a `prior` that weighs `weight` tries."""
     tries, hits = counts or (0.0, 0.0)
-    return (hits + COPY_PRIOR_WEIGHT * prior) / (tries + COPY_PRIOR_WEIGHT)
+    return (hits + weight * prior) / (tries + weight)
 
 
 def match_bucket(match_length: int) -> int:
@@ -351,21 +351,26 @@ class CopyAcceptance:
     second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
     would put both near 0.9."""
 
+    prior_weight: float = COPY_PRIOR_WEIGHT  # in copies (eval.research.copy_rules weighs its priors otherwise)
+
     def __init__(self) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
         self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
+
+    def _blend(self, counts: list[float] | None, prior: float) -> float:
+        return blend(counts, prior, self.prior_weight)
 
     def hazards(self, option: Phrase, tokens: int) -> list[float]:
         """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""
         cell = (option.source, match_bucket(option.match_length))
         prior_first, prior_next = COPY_PRIOR[cell[0]][cell[1]]
-        hazards = [blend(self._first.get(cell), blend(self._first.get(()), prior_first))]
+        hazards = [self._blend(self._first.get(cell), self._blend(self._first.get(()), prior_first))]
         pooled = prior_next  # a position no copy reached yet starts from the one before it
         for position in range(2, tokens + 1):
             at = (position_bucket(position),)
             if position == COPY_POSITIONS[at[0]]:
-                pooled = blend(self._next.get(at), pooled)
-            hazards.append(blend(self._next.get(at + cell), pooled))
+                pooled = self._blend(self._next.get(at), pooled)
+            hazards.append(self._blend(self._next.get(at + cell), pooled))
         return hazards
 
     def observe(self, option: Phrase, sent: int, accepted: int) -> None:
