@@ -581,13 +581,16 @@ class RoundPlanner:
         """Whether drafting `remaining` tokens (default: the rest of the call's budget) at `draft_rate` instead of
         `other_rate` saves more than `price` seconds."""
         if remaining is None:
-            remaining = max(self.max_new_tokens - self.new_tokens, 0)
+            remaining = self._budget_left()
         return remaining * (1 / other_rate - 1 / draft_rate) > price
+
+    def _budget_left(self) -> int:
+        """The most tokens this call may add yet."""
+        return max(self.max_new_tokens - self.new_tokens, 0)
 
     def _expected_remaining(self) -> float:
         """The tokens this call is expected to add yet (see `EXPECTED_ANSWER_TOKENS`)."""
-        budget = max(self.max_new_tokens - self.new_tokens, 0)
-        return min(budget, max(self.new_tokens, EXPECTED_ANSWER_TOKENS))
+        return min(self._budget_left(), max(self.new_tokens, EXPECTED_ANSWER_TOKENS))
 
     def _repays(self, catch_up: float, draft_rate: float, other_rate: float) -> bool:
         """Whether starting the draft now repays its catch-up forward: the time drafting would save over the rest of
@@ -601,10 +604,8 @@ class RoundPlanner:
             return False
         tokens, seconds = self._recent
         other_rate = max(other_rate, tokens / seconds if seconds > 0 else 0.0)
-        if not dear:
-            return draft_rate > other_rate and self._saves(catch_up, other_rate, draft_rate)
-        return draft_rate > other_rate and self._saves(DEAR_START_ODDS * catch_up, other_rate, draft_rate,
-                                                       self._expected_remaining())
+        price, remaining = (DEAR_START_ODDS * catch_up, self._expected_remaining()) if dear else (catch_up, None)
+        return draft_rate > other_rate and self._saves(price, other_rate, draft_rate, remaining)
 
     def confirm_length(self, phrase_length: int) -> int:
         """How many tokens of a looked-up phrase of `phrase_length` a draft forward feeds for confirmation: token i
