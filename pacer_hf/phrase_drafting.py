@@ -186,6 +186,8 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         if self.stats.rounds > 1:  # the first round's target call also prefilled the prompt: not a round's cost
             planner.observe_round(input_ids.shape[1] - self._round_length, record.seconds)
             planner.costs.observe_round(record.sent, target_s)
+        else:
+            planner.costs.observe_prefill(self._round_length + record.sent, target_s)
         if record.kind == "draft":
             planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)
         else:

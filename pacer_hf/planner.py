@@ -45,6 +45,14 @@ PRIOR_VERIFY_PER_TOKEN = 0.025
 PRIOR_DRAFT = 0.4
 PRIOR_DRAFT_PER_TOKEN = 0.1  # per extra token of a short forward (phrase confirmation feeds a few)
 PRIOR_FEED_PER_TOKEN = 0.01  # per token of a long catch-up forward
+# Per token of a call's first draft forward (the prompt, on a fresh cache), until one is timed: about 1.8% of a step on
+# both CPUs measured, where the draft costs 0.27 and 0.88 of the target a prompt token (the bar's AMD EPYC, bfloat16
+# prepacked: 5.5 ms a token against a 0.25-0.3 s step, the fit of eval.research.virtual_clock; an AMD EPYC with AVX2
+# only, float32 prepacked: 5.5-6.1 ms a token for prompts of 200-600 tokens against a 0.34 s step). At the catch-up's
+# 1% a fresh process priced its first start at about half its cost, and a long prompt's start was a cheaper bet than
+# it was (rag 543 of eval/results/virtual-bar-summaries-rag). Where prompt tokens are nearly free (a GPU) the target's
+# own prefill bounds it (`CallCosts.catch_up`).
+PRIOR_PREFILL_PER_TOKEN = 0.018
 # A forward that feeds more tokens than this is a catch-up, priced per token.
 SHORT_FORWARD = 16
 # Verifications of up to this many candidates (draft rounds, short copies) and longer ones (long copies) are fitted
@@ -228,14 +236,15 @@ class CallCosts:
         self._verify = _Fit(1.0, SHORT_VERIFY, prior=(PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN))
         self._verify_long = _SlopeFit(SHORT_VERIFY, 4.0 * SHORT_VERIFY, prior=PRIOR_VERIFY_PER_TOKEN)
         self._draft = _Fit(0.0, SHORT_FORWARD - 1.0, prior=(PRIOR_DRAFT, PRIOR_DRAFT_PER_TOKEN * PRIOR_DRAFT))
-        feed_prior = (PRIOR_DRAFT, PRIOR_FEED_PER_TOKEN)
-        self._feed = _Fit(SHORT_FORWARD, 4.0 * SHORT_FORWARD, prior=feed_prior)  # catch-ups after copies: tens
+        # catch-ups after copies: tens of tokens
+        self._feed = _Fit(SHORT_FORWARD, 4.0 * SHORT_FORWARD, prior=(PRIOR_DRAFT, PRIOR_FEED_PER_TOKEN))
         # A call's first draft forward is fitted apart from later catch-ups: on a fresh cache it costs more per token
         # (on an Intel Xeon without bfloat16 units, 21 ms a prompt token against 16 ms a token of a catch-up after
         # 500 cached ones, plus set-up), and a line through prompts of hundreds of tokens, extrapolated down to a
         # catch-up of 16-100 tokens after some copies or steps, priced it at 3.4 steps where it cost 0.5: once the
         # draft lagged 16 tokens, the rest of the call stepped.
-        self._prefill = _Fit(1.0, 1024.0, prior=feed_prior)
+        self._prefill = _Fit(1.0, 1024.0, prior=(PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN))
+        self._target_token_s: float | None = None  # seconds a token of the target's prefill of a prompt, once timed
         self._timed = False  # whether any target call was timed
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
         self.seconds_since_step = 0.0  # of target calls since a plain step was last timed
@@ -267,6 +276,11 @@ class CallCosts:
             self._feed.observe(fed_tokens, steps)
         else:
             self._draft.observe(fed_tokens - 1, steps)
+
+    def observe_prefill(self, fed_tokens: int, seconds: float) -> None:
+        """A call's first target call, which fed the prompt and the round's candidates (`fed_tokens`), took
+        `seconds`."""
+        self._target_token_s = seconds / max(fed_tokens, 1)
 
     def step(self) -> float:
         return self._step(0)
@@ -308,8 +322,15 @@ class CallCosts:
 
     def catch_up(self, missing: int, first: bool = False) -> float:
         """What feeding `missing` tokens the draft lacks adds to a round's first draft forward (`first`: the call's
-        first forward, on a fresh cache)."""
-        forward = self._prefill(missing + 1) * self.step() if first else self.draft(missing + 1)
+        first forward, on a fresh cache, never priced above the target's prefill of as many tokens: a smaller model
+        of the same kind is not dearer a prompt token, and where prompt tokens are nearly free, on a GPU, the price
+        in steps measured on CPUs would make a long prompt's start look dear for no reason)."""
+        if first:
+            forward = self._prefill(missing + 1) * self.step()
+            if self._target_token_s is not None:
+                forward = min(forward, self._target_token_s * (missing + 1))
+        else:
+            forward = self.draft(missing + 1)
         return max(forward - self.draft(1), 0.0)
 
 

@@ -310,6 +310,22 @@ def test_the_last_round_is_learnt_as_itself():
     assert planners[0].new_tokens == MAX_NEW_TOKENS - 1 and planners[0].rounds_timed == MAX_NEW_TOKENS - 1
 
 
+def test_the_first_round_times_the_targets_prefill_of_the_prompt(monkeypatch):
+    """The first round's target call also prefills the prompt: it is learnt as what a prompt token costs the target
+    (the bound of the draft's first catch-up), once per call, and never as a round's cost."""
+    prefills, rounds = [], []
+    monkeypatch.setattr(planner.CallCosts, "observe_prefill", lambda self, fed, seconds: prefills.append(fed))
+    observe_round = planner.CallCosts.observe_round
+    monkeypatch.setattr(planner.CallCosts, "observe_round",
+                        lambda self, sent, seconds: rounds.append(sent) or observe_round(self, sent, seconds))
+    target, draft = _pair("qwen2", "same")
+    out, stats = _generate(target, draft, make_head(draft, "always", block_size=1), PhrasePool(),
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, _plain_greedy("qwen2", "same"))
+    assert prefills == [PROMPT.shape[1] + stats.plans[0].sent]
+    assert rounds == [plan.sent for plan in stats.plans[1:]]
+
+
 # ---- the API --------------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import pytest
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
     CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, EXPECTED_ANSWER_TOKENS, FREE_VERIFY, MAX_COPY_TOKENS,
-    PRIOR_DRAFT, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts,
+    PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts,
     Confirmations, Plan, RoundPlanner, costs_for,
 )
 
@@ -34,7 +34,7 @@ def test_costs_learn_a_step_a_verification_and_the_draft():
     assert costs.verify_marginal(1) == pytest.approx(0.01, rel=0.1) == costs.verify_marginal(8)
     assert costs.draft(1) == pytest.approx(0.15, rel=0.05) and costs.draft(3) == pytest.approx(0.17, rel=0.05)
     assert costs.catch_up(80) == pytest.approx(0.002 * 80, rel=0.1)  # a long catch-up, priced per token
-    assert costs.catch_up(999, first=True) == pytest.approx(0.002 * 1000, rel=0.1)  # a prompt's
+    assert costs.catch_up(299, first=True) == pytest.approx(0.002 * 300, rel=0.1)  # a prompt's
 
 
 def test_a_catch_up_after_copies_is_not_priced_by_the_prompts_first_forward():
@@ -49,6 +49,36 @@ def test_a_catch_up_after_copies_is_not_priced_by_the_prompts_first_forward():
     planner = RoundPlanner(costs, max_new_tokens=128)
     _drafting(planner, accepted=3)  # drafting pays
     assert planner.plan([], room=100, draft_room=8, draft_missing=40, draft_started=True).kind == "draft"
+
+
+def test_a_processs_first_catch_up_is_priced_as_measured_cpus_take_it():
+    """Until a call's first draft forward is timed, a prompt token costs it `PRIOR_PREFILL_PER_TOKEN` of a step (1.8%
+    on both CPUs measured), not the 1% a token of a catch-up after copies: at 1% the bar machine's rag 543 bought its
+    740-token catch-up at about half its modelled price and lost 3 s to prompt lookup."""
+    costs = CallCosts()
+    for _ in range(5):
+        costs.observe_round(0, 0.3)
+    expected = (PRIOR_DRAFT + PRIOR_PREFILL_PER_TOKEN * 741) * 0.3 - costs.draft(1)
+    assert costs.catch_up(740, first=True) == pytest.approx(expected, rel=0.02)
+    assert costs.catch_up(740, first=True) > 1.7 * costs.catch_up(740)  # a catch-up after copies keeps its prior
+    costs.observe_prefill(741, 0.3 * 741 * 0.05)  # the target: 5% of a step a prompt token; no bound here
+    assert costs.catch_up(740, first=True) == pytest.approx(expected, rel=0.02)
+
+
+def test_a_first_catch_up_costs_no_more_than_the_targets_prefill_of_as_many_tokens():
+    """Where prompt tokens are nearly free (a GPU: a 1,000-token prefill about a step) the price measured in steps on
+    CPUs would make a long prompt's start look dear, and the call would wait for no reason: the target's own prefill,
+    timed in the call's first round, bounds it, and the start is bought at once."""
+    costs = _costs(step=0.02, verify=0.021, per_token=0.0, draft=0.004, draft_per_token=0.0, feed=0.0)
+    costs._prefill = CallCosts()._prefill  # no first forward timed yet: the prior
+    long_prompt = dict(room=100, draft_room=8, draft_missing=999, draft_started=False)
+    planner = RoundPlanner(costs, max_new_tokens=128)
+    _drafting(planner, accepted=3, seconds=0.016)  # drafting: 4 tokens in 0.037 s, twice a step's rate
+    assert costs.catch_up(999, first=True) > 10 * costs.step()
+    assert planner.plan([], **long_prompt).kind == "step"
+    costs.observe_prefill(1000, 0.02)  # the target's prefill of a 1,000-token prompt: a step
+    assert costs.catch_up(999, first=True) <= costs.step()
+    assert planner.plan([], **long_prompt).kind == "draft"
 
 
 def test_short_and_long_verifications_are_fitted_apart():
