@@ -50,8 +50,9 @@ PRIOR_FEED_PER_TOKEN = 0.01  # per token of a long catch-up forward
 # prepacked: 5.5 ms a token against a 0.25-0.3 s step, the fit of eval.research.virtual_clock; an AMD EPYC with AVX2
 # only, float32 prepacked: 5.5-6.1 ms a token for prompts of 200-600 tokens against a 0.34 s step). At the catch-up's
 # 1% a fresh process priced its first start at about half its cost, and a long prompt's start was a cheaper bet than
-# it was (rag 543 of eval/results/virtual-bar-summaries-rag). Where prompt tokens are nearly free (a GPU) the target's
-# own prefill bounds it (`CallCosts.catch_up`).
+# it was (rag 543 of eval/results/virtual-bar-summaries-rag; at 1.8% it waits and the bar's rag 60-65 is modelled at
+# 1.01 of prompt lookup k10 against 0.975, eval/results/virtual-prefill-price-bar-summaries-rag). Where prompt tokens
+# are nearly free (a GPU) the target's own prefill bounds it (`CallCosts.catch_up`).
 PRIOR_PREFILL_PER_TOKEN = 0.018
 # A forward that feeds more tokens than this is a catch-up, priced per token.
 SHORT_FORWARD = 16
