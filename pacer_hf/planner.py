@@ -223,7 +223,8 @@ class CallCosts:
     - a target call that verifies n >= 1 candidates: `target(n)` (a + b n up to `SHORT_VERIFY` candidates, then a
       slope of its own from there);
     - a draft forward that feeds n tokens: `draft(n)` (a + b (n - 1) for short forwards, per token beyond), and
-      apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`.
+      apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`,
+      never above the target's prefill of as many tokens (`observe_prefill`, each call's first target call).
 
     The step is fitted in seconds; every other cost in steps (see `STEP_DECAY`): each timing is divided by the step's
     estimate when it is observed, the priors are ratios to a step, and a query multiplies by the step's estimate now.
