@@ -70,6 +70,9 @@ def planner_method(rev: str):
         # before 2026-12-03 a call's first draft forward was learnt as any other: today's generator says which it is
         observe = costs.observe_forward
         costs.observe_forward = lambda fed_tokens, seconds, first=False: observe(fed_tokens, seconds)
+    if not hasattr(costs, "observe_prefill"):
+        # before 2026-12-05 the target's prefill (a call's first target call) was not learnt
+        costs.observe_prefill = lambda fed_tokens, seconds: None
     name = f"planner@{rev}"
     earlier = module.RoundPlanner
     if not hasattr(earlier, "confirm_length"):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.research import planner_ab
 from eval.research.planner_ab import main, planner_at
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,6 +38,28 @@ def test_the_earlier_planner_runs_beside_todays_and_both_equal_plain_greedy(tmp_
         for prompt_id, record in by_method[method].items():
             assert record["tokens"] == by_method["autoregressive"][prompt_id]["tokens"]
             assert len(record["phrases"]["rounds"]) == sum(record["phrases"]["round_kinds"].values())
+
+
+def test_a_planner_from_before_the_targets_prefill_was_learnt_still_runs(tmp_path, monkeypatch):
+    """Today's generator tells the costs the target's prefill (`CallCosts.observe_prefill`, since 2026-12-05); an
+    earlier planner's costs lack it and get a stand-in that learns nothing."""
+    module = planner_at("HEAD")
+
+    class EarlierCosts(module.CallCosts):
+        def __getattribute__(self, name):
+            if name == "observe_prefill" and name not in object.__getattribute__(self, "__dict__"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    module.CallCosts = EarlierCosts
+    monkeypatch.setattr(planner_ab, "planner_at", lambda rev: module)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n", encoding="utf-8")
+    main(["--rev", "earlier", "--pair", "tiny", "--max-new-tokens", "12", "--prompts", f"{prompts}:0:1",
+          "--methods", "planner@earlier", "--out", str(tmp_path / "ab")])
+    records = [json.loads(line) for line in (tmp_path / "ab.jsonl").read_text().splitlines()][1:]
+    assert {record["method"] for record in records} == {"autoregressive", "planner@earlier"}
+    assert records[0]["tokens"] == records[1]["tokens"]
 
 
 def test_a_commit_without_the_planner_is_a_clear_error():
