@@ -9,8 +9,8 @@ import pytest
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
     CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, EXPECTED_ANSWER_TOKENS, FREE_VERIFY, MAX_COPY_TOKENS,
-    PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts,
-    Confirmations, Plan, RoundPlanner, costs_for,
+    PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN,
+    STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner, costs_for,
 )
 
 
