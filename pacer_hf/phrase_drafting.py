@@ -188,6 +188,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             planner.costs.observe_round(record.sent, target_s)
         else:
             planner.costs.observe_prefill(self._round_length + record.sent, target_s)
+            planner.observe_first_round()
         if record.kind == "draft":
             planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)
         else:

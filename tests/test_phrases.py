@@ -312,9 +312,11 @@ def test_the_last_round_is_learnt_as_itself():
 
 def test_the_first_round_times_the_targets_prefill_of_the_prompt(monkeypatch):
     """The first round's target call also prefills the prompt: it is learnt as what a prompt token costs the target
-    (the bound of the draft's first catch-up), once per call, and never as a round's cost."""
-    prefills, rounds = [], []
+    (the bound of the draft's first catch-up), once per call, and never as a round's cost; the planner still counts
+    the round as run."""
+    prefills, rounds, first_rounds = [], [], []
     monkeypatch.setattr(planner.CallCosts, "observe_prefill", lambda self, fed, seconds: prefills.append(fed))
+    monkeypatch.setattr(planner.RoundPlanner, "observe_first_round", lambda self: first_rounds.append(self))
     observe_round = planner.CallCosts.observe_round
     monkeypatch.setattr(planner.CallCosts, "observe_round",
                         lambda self, sent, seconds: rounds.append(sent) or observe_round(self, sent, seconds))
@@ -324,6 +326,7 @@ def test_the_first_round_times_the_targets_prefill_of_the_prompt(monkeypatch):
     assert torch.equal(out, _plain_greedy("qwen2", "same"))
     assert prefills == [PROMPT.shape[1] + stats.plans[0].sent]
     assert rounds == [plan.sent for plan in stats.plans[1:]]
+    assert len(first_rounds) == 1  # the lazy draft's wait counts it as a step's rent
 
 
 # ---- the API --------------------------------------------------------------------------------------------------

@@ -364,6 +364,20 @@ def test_the_lazy_draft_starts_only_when_the_rest_of_the_call_repays_its_catch_u
     assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
 
 
+def test_a_calls_first_round_is_rent_paid_towards_a_dear_start():
+    """The call's first round is not timed (its target call also prefilled the prompt) but added its token without the
+    draft: a 1.3-step catch-up starts after it and one timed step, where two timed steps were needed before."""
+    planner = RoundPlanner(_costs(step=0.3, verify=0.3, feed=0.002), max_new_tokens=128)
+    _drafting(planner, accepted=3)
+    assert planner.costs.catch_up(200, first=True) == pytest.approx(0.4, rel=0.1)  # dearer than a 0.3 s step
+    planner.observe_first_round()
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "step"
+    planner.observe_round(new_tokens=1, seconds=0.3)
+    assert planner.plan([], room=100, draft_room=8, draft_missing=200, draft_started=False).kind == "draft"
+    # the rent still has to reach the price: a 2 s catch-up waits for about seven steps
+    assert planner.plan([], room=100, draft_room=8, draft_missing=1000, draft_started=False).kind == "step"
+
+
 def test_the_lazy_draft_waits_while_the_recent_rounds_are_faster_than_it_would_be():
     """A text that copies well (a summary after its document): the draft's optimistic prior must not buy the
     catch-up of a long prompt while the recent copies already decode faster than drafting would."""
