@@ -62,6 +62,17 @@ def _feeding_whole_phrases(planner_class: type) -> type:
     return WholePhrases
 
 
+def _first_round_uncounted(planner_class: type) -> type:
+    """A planner from before 2026-12-05, when a call's first round counted for nothing towards the lazy draft's
+    start, with today's interface."""
+
+    class FirstRoundUncounted(planner_class):
+        def observe_first_round(self) -> None:
+            pass
+
+    return FirstRoundUncounted
+
+
 def planner_method(rev: str):
     """The harness method `planner@REV`."""
     module = planner_at(rev)
@@ -77,6 +88,8 @@ def planner_method(rev: str):
     earlier = module.RoundPlanner
     if not hasattr(earlier, "confirm_length"):
         earlier = _feeding_whole_phrases(earlier)
+    if not hasattr(earlier, "observe_first_round"):
+        earlier = _first_round_uncounted(earlier)
 
     class Generator(PhraseCandidateGenerator):
         planner_class = earlier

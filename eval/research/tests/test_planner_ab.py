@@ -40,18 +40,13 @@ def test_the_earlier_planner_runs_beside_todays_and_both_equal_plain_greedy(tmp_
             assert len(record["phrases"]["rounds"]) == sum(record["phrases"]["round_kinds"].values())
 
 
-def test_a_planner_from_before_the_targets_prefill_was_learnt_still_runs(tmp_path, monkeypatch):
-    """Today's generator tells the costs the target's prefill (`CallCosts.observe_prefill`, since 2026-12-05); an
-    earlier planner's costs lack it and get a stand-in that learns nothing."""
-    module = planner_at("HEAD")
-
-    class EarlierCosts(module.CallCosts):
-        def __getattribute__(self, name):
-            if name == "observe_prefill" and name not in object.__getattribute__(self, "__dict__"):
-                raise AttributeError(name)
-            return super().__getattribute__(name)
-
-    module.CallCosts = EarlierCosts
+@pytest.mark.parametrize("cls, method", [("CallCosts", "observe_prefill"), ("RoundPlanner", "observe_first_round")])
+def test_a_planner_from_before_todays_generator_calls_still_runs(tmp_path, monkeypatch, cls, method):
+    """Today's generator tells the costs the target's prefill (`CallCosts.observe_prefill`) and the planner that the
+    call's first round ran (`RoundPlanner.observe_first_round`), both since 2026-12-05; an earlier planner lacks them
+    and gets stand-ins that learn nothing."""
+    module = planner_at("HEAD")  # a fresh copy of the module: deleting from its classes leaves pacer_hf's alone
+    delattr(getattr(module, cls), method)
     monkeypatch.setattr(planner_ab, "planner_at", lambda rev: module)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\n", encoding="utf-8")
