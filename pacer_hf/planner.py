@@ -122,6 +122,17 @@ DRAFT_FORGET = 0.1
 # eval/results/demo-fp32-amd-hog-trace-probe-below.txt).
 STEP_DECAY = 0.7
 STEP_RETIME_S = 20.0
+# A shared machine's speed swings 2-3x within a call (a step took 0.13-0.39 s in calls of eval/results/
+# planner-bar-intel), so a verification's ratio to a step is learnt only from a verification and a plain step timed
+# one right after the other, against that step: a verification timed in a slow stretch and divided by a step's
+# estimate from a fast one priced 3 candidates at 1.27-1.57 steps where a bare 4-token forward took 1.11 of a 1-token
+# one, and drafting, 1.4 times a step's rate there, looked 1.2 and lost to plain steps by the margin. Every other
+# verification times the machine: it is a step's estimate at the ratio learnt, so the step follows every target call,
+# and a round's draft forwards are learnt against the step its own target call implies. A swing can still fall between
+# the two calls of a pair (the step 2.5x the verification's): a ratio is learnt clipped to within this factor of its
+# price now, so that one such pair moves a price by about 1% instead of 10%, and a true price far from the prior (a
+# GPU's 64 candidates at 1.05 steps against the prior's 2.6) is still reached, a factor at a time.
+RATIO_CLIP = 1.5
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
@@ -254,6 +265,8 @@ class CallCosts:
         self._timed = False  # whether any target call was timed
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
         self.seconds_since_step = 0.0  # of target calls since a plain step was last timed
+        self._previous: tuple[int, float] | None = None  # the last target call of this call: (candidates, seconds)
+        self._forwards: list[tuple[int, float, bool]] = []  # draft forwards not yet learnt: (fed tokens, s, first)
 
     def observe_round(self, candidates: int, seconds: float) -> None:
         """A target call that verified `candidates` took `seconds`."""
@@ -263,30 +276,54 @@ class CallCosts:
             self._timed = True
         if candidates == 0:
             self._step.observe(0, seconds)
-            # The step's prior follows the step as it is now, not as the first timed round found it: that round is
-            # often cold (a process's first call).
-            self._step.prior = (self.step(), 0.0)
             self.steps_timed += 1
             self.seconds_since_step = 0.0
+            step_s = seconds
+            if self._previous and self._previous[0]:  # a verification right before
+                self._observe_ratio(self._previous[0], self._previous[1] / seconds)
         else:
-            (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates,
-                                                                                        seconds / self.step())
+            if self._previous and not self._previous[0]:  # a step right before
+                self._observe_ratio(candidates, seconds / self._previous[1])
+            step_s = seconds * self.step() / self.target(candidates)  # the step this call implies, at the ratio learnt
+            self._step.observe(0, step_s)
             self.seconds_since_step += seconds
+        # The step's prior follows the step as it is now, not as the first timed round found it: that round is often
+        # cold (a process's first call).
+        self._step.prior = (self.step(), 0.0)
+        self._previous = (candidates, seconds)
+        self._observe_forwards(step_s)
+
+    def _observe_ratio(self, candidates: int, steps: float) -> None:
+        """A verification of `candidates` took `steps` of the step timed next to it: learnt, clipped to within
+        `RATIO_CLIP` of its price now (a swing between the two calls would otherwise teach 2-3x at once)."""
+        price = self.target(candidates) / self.step()
+        steps = min(max(steps, price / RATIO_CLIP), price * RATIO_CLIP)
+        (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, steps)
+
+    def _observe_forwards(self, step_s: float) -> None:
+        """Learns the draft forwards timed since the last target call as multiples of `step_s`, the step that call
+        implies (a ratio learnt against the machine's speed of the moment, see `NEAR_STEP_S`)."""
+        for fed_tokens, seconds, first in self._forwards:
+            steps = seconds / step_s
+            if first:
+                self._prefill.observe(fed_tokens, steps)
+            elif fed_tokens > SHORT_FORWARD:
+                self._feed.observe(fed_tokens, steps)
+            else:
+                self._draft.observe(fed_tokens - 1, steps)
+        self._forwards = []
 
     def observe_forward(self, fed_tokens: int, seconds: float, first: bool = False) -> None:
-        """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache)."""
-        steps = seconds / self.step()
-        if first:
-            self._prefill.observe(fed_tokens, steps)
-        elif fed_tokens > SHORT_FORWARD:
-            self._feed.observe(fed_tokens, steps)
-        else:
-            self._draft.observe(fed_tokens - 1, steps)
+        """A draft forward that fed `fed_tokens` took `seconds` (`first`: the call's first, on a fresh cache); learnt
+        with the next target call, against the step that call implies."""
+        self._forwards.append((fed_tokens, seconds, first))
 
     def observe_prefill(self, fed_tokens: int, seconds: float) -> None:
         """A call's first target call, which fed the prompt and the round's candidates (`fed_tokens`), took
         `seconds`."""
         self._target_token_s = seconds / max(fed_tokens, 1)
+        self._observe_forwards(self.step())  # a prefill implies no step: the estimate is the nearest there is
+        self._previous = None  # a new call: the last target call is not next to this one
 
     def step(self) -> float:
         return self._step(0)

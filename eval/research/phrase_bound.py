@@ -184,7 +184,8 @@ class PlannedCopies(LookupRule):
         self.pool.start_sequence(prompt)
         call_costs = CallCosts()
         for _ in range(PINNED_COST_ROUNDS):  # a round's cost as the run's fit prices it, whatever its length
-            for n in PINNED_CANDIDATES:
+            for n in PINNED_CANDIDATES:  # each next to a step: a verification's ratio is learnt from such pairs
+                call_costs.observe_round(0, costs.round_seconds(0))
                 call_costs.observe_round(n, costs.round_seconds(n))
         self.planner = RoundPlanner(call_costs, max_new_tokens)
         self._plan = None
