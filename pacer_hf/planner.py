@@ -107,7 +107,7 @@ RECENT_ROUNDS = 8
 DRAFT_FORGET = 0.1
 # A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification only
 # by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit of every other cost:
-# a draft forward or a verification is learnt as a multiple of the step's estimate when it was timed, and priced at the
+# a draft forward or a verification is learnt as a multiple of a step timed next to it (`RATIO_CLIP`), and priced at the
 # step's estimate now, keeping what it taught of this machine (a cost as a multiple of a step). A draft timed while a
 # shared machine ran 2x slow would otherwise stay overpriced against the fast steps timed later, and a call that steps
 # runs no round that would correct it (one of two faults behind the ten calls of eval/results/planner-bar-amd-v2 that
@@ -241,8 +241,10 @@ class CallCosts:
       apart from these the draft's first forward of a call, on a fresh cache (the prompt): `catch_up(n, first=True)`,
       never above the target's prefill of as many tokens (`observe_prefill`, each call's first target call).
 
-    The step is fitted in seconds; every other cost in steps (see `STEP_DECAY`): each timing is divided by the step's
-    estimate when it is observed, the priors are ratios to a step, and a query multiplies by the step's estimate now.
+    The step is fitted in seconds, from plain steps and from every verification at the ratio learnt; every other cost
+    in steps (see `STEP_DECAY`, `RATIO_CLIP`): a verification against a plain step timed right before or after it, a
+    draft forward against the step its round's target call implies; the priors are ratios to a step, and a query
+    multiplies by the step's estimate now.
     Until a step is timed the first timed round sets the step's prior. One object per (target, draft) pair in a
     process ([`costs_for`]), so a call starts from what earlier calls measured.
     """
