@@ -107,7 +107,7 @@ RECENT_ROUNDS = 8
 DRAFT_FORGET = 0.1
 # A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification only
 # by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit of every other cost:
-# a draft forward or a verification is learnt as a multiple of a step timed next to it (`RATIO_CLIP`), and priced at the
+# a draft forward or a verification is learnt as a multiple of a step timed near it (`RATIO_CLIP`), and priced at the
 # step's estimate now, keeping what it taught of this machine (a cost as a multiple of a step). A draft timed while a
 # shared machine ran 2x slow would otherwise stay overpriced against the fast steps timed later, and a call that steps
 # runs no round that would correct it (one of two faults behind the ten calls of eval/results/planner-bar-amd-v2 that
@@ -304,7 +304,7 @@ class CallCosts:
 
     def _observe_forwards(self, step_s: float) -> None:
         """Learns the draft forwards timed since the last target call as multiples of `step_s`, the step that call
-        implies (a ratio learnt against the machine's speed of the moment, see `NEAR_STEP_S`)."""
+        implies (a ratio learnt against the machine's speed of the moment, see `RATIO_CLIP`)."""
         for fed_tokens, seconds, first in self._forwards:
             steps = seconds / step_s
             if first:
