@@ -286,7 +286,7 @@ class CallCosts:
         else:
             if self._previous and not self._previous[0]:  # a step right before
                 self._observe_ratio(candidates, seconds / self._previous[1])
-            step_s = seconds * self.step() / self.target(candidates)  # the step this call implies, at the ratio learnt
+            step_s = seconds / self._verify_steps(candidates)  # the step this call implies, at the ratio learnt
             self._step.observe(0, step_s)
             self.seconds_since_step += seconds
         # The step's prior follows the step as it is now, not as the first timed round found it: that round is often
@@ -298,7 +298,7 @@ class CallCosts:
     def _observe_ratio(self, candidates: int, steps: float) -> None:
         """A verification of `candidates` took `steps` of the step timed next to it: learnt, clipped to within
         `RATIO_CLIP` of its price now (a swing between the two calls would otherwise teach 2-3x at once)."""
-        price = self.target(candidates) / self.step()
+        price = self._verify_steps(candidates)
         steps = min(max(steps, price / RATIO_CLIP), price * RATIO_CLIP)
         (self._verify if candidates <= SHORT_VERIFY else self._verify_long).observe(candidates, steps)
 
@@ -334,10 +334,14 @@ class CallCosts:
         """Seconds of a target call with `candidates` candidates (0: a plain step)."""
         if candidates <= 0:
             return self.step()
+        return self._verify_steps(candidates) * self.step()
+
+    def _verify_steps(self, candidates: int) -> float:
+        """A verification of `candidates` >= 1, in steps."""
         if candidates <= SHORT_VERIFY:
-            return self._verify(candidates) * self.step()
+            return self._verify(candidates)
         anchor = self._verify(SHORT_VERIFY)
-        return (anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)) * self.step()
+        return anchor + self._verify_long.slope(anchor) * (candidates - SHORT_VERIFY)
 
     def free_candidates(self) -> int:
         """The most candidates (up to `SHORT_VERIFY`) whose verification costs at most `FREE_VERIFY` of a step more
