@@ -91,6 +91,12 @@ COPY_PRIOR = {
     "stored": ((0.20, 0.40), (0.25, 0.45), (0.30, 0.50), (0.35, 0.60), (0.40, 0.70), (0.50, 0.80)),
 }
 COPY_PRIOR_WEIGHT = 3.0
+# The chosen copies' expected accepted tokens run ahead of what they get on text that does not copy (qa, translation,
+# chat: 25-50% in rate, eval/results/planner-ab-adjacent-step): each is the best of several options priced by estimates
+# that start from the priors, and a short answer has too few copies to pull those down. So the call also compares, over
+# its copies, the tokens the estimates promised with the tokens accepted, and scales a copy's first-token probability by
+# that ratio (at most 1), starting from this many tokens of agreement.
+CALIBRATION_PRIOR_TOKENS = 2.0
 # The draft's prior round: 3 tokens drafted in 3 forwards, 2.4 of them accepted, about what the entropy stop's rounds
 # achieved on the tuning prompts of every kind (accepted / drafted 0.6-0.9, median 0.85: chat 2.7 of 2.9, qa 2.3 of
 # 2.7, writing 2.2 of 2.6; eval/results/planner-tuning-qwen-bf16-prepack.md). Optimistic on purpose: a call tries the
@@ -419,19 +425,34 @@ class CopyAcceptance:
     does not copy learns it from its first few copies, whatever look-up and match length they had. By position, not one
     rate for every next token: four copies stopped after their first token and one accepted for 40 tokens say that a
     second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
-    would put both near 0.9."""
+    would put both near 0.9. And a call whose copies get fewer tokens than these estimates promised scales every copy's
+    first-token probability by the ratio (`calibration`, `CALIBRATION_PRIOR_TOKENS`)."""
 
     prior_weight: float = COPY_PRIOR_WEIGHT  # in copies (eval.research.copy_rules weighs its priors otherwise)
 
     def __init__(self) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
         self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
+        self._promised = self._accepted = 0.0  # over the call's copies: expected accepted tokens, and accepted
 
     def _blend(self, counts: list[float] | None, prior: float) -> float:
         return blend(counts, prior, self.prior_weight)
 
+    @property
+    def calibration(self) -> float:
+        """The call's copies' accepted tokens over what the estimates expected of them, at most 1
+        (`CALIBRATION_PRIOR_TOKENS`)."""
+        return min(1.0, (self._accepted + CALIBRATION_PRIOR_TOKENS) / (self._promised + CALIBRATION_PRIOR_TOKENS))
+
     def hazards(self, option: Phrase, tokens: int) -> list[float]:
         """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""
+        hazards = self._estimates(option, tokens)
+        if hazards:
+            hazards[0] *= self.calibration
+        return hazards
+
+    def _estimates(self, option: Phrase, tokens: int) -> list[float]:
+        """`hazards` as the counts and priors estimate them, before the call's calibration."""
         cell = (option.source, match_bucket(option.match_length))
         prior_first, prior_next = COPY_PRIOR[cell[0]][cell[1]]
         hazards = [self._blend(self._first.get(cell), self._blend(self._first.get(()), prior_first))]
@@ -448,6 +469,11 @@ class CopyAcceptance:
         if sent <= 0:
             return
         accepted = min(accepted, sent)
+        reach = 1.0
+        for hazard in self._estimates(option, sent):
+            reach *= hazard
+            self._promised += reach
+        self._accepted += accepted
         cell = (option.source, match_bucket(option.match_length))
         for key in ((), cell):
             counts = self._first.setdefault(key, [0.0, 0.0])

@@ -10,7 +10,7 @@ from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
     CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, EXPECTED_ANSWER_TOKENS, FREE_VERIFY, MAX_COPY_TOKENS,
     PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN,
-    STEP_RETIME_S, CallCosts, Confirmations, Plan, RoundPlanner, costs_for,
+    STEP_RETIME_S, CallCosts, Confirmations, CopyAcceptance, Plan, RoundPlanner, costs_for,
 )
 
 
@@ -313,6 +313,38 @@ def test_copy_acceptance_is_learnt_by_position():
     hazards = planner.copies.hazards(copy, 40)
     assert hazards[1] < 0.6 and hazards[2:] == sorted(hazards[2:]) and hazards[-1] > 0.85
     assert len(hazards) == 40 and hazards[0] > 0.5  # five of five first tokens accepted
+
+
+def test_copies_that_fall_short_of_their_estimates_are_discounted_in_the_call(monkeypatch):
+    """On text that does not copy (qa, chat) a call's chosen copies got less than their estimates promised: the call
+    scales a copy's first-token probability by accepted over promised tokens (at most 1), so a drafting call leaves a
+    failing look-up after one copy instead of three; copies that deliver are not scaled."""
+    delivering = RoundPlanner(_costs(), max_new_tokens=128)
+    for _ in range(4):
+        delivering.copies.observe(_likely(match=3), sent=8, accepted=8)
+    assert delivering.copies.calibration == 1.0
+
+    def copies_sent() -> tuple[int, float]:
+        planner = RoundPlanner(_costs(step=0.15, verify=0.165, per_token=0.002, draft=0.06), max_new_tokens=128)
+        copy, copies = _likely(length=20, match=3), 0
+        for _ in range(12):
+            plan = planner.plan([copy], room=64, draft_room=16, draft_missing=1, draft_started=True)
+            if plan.kind == "copy":
+                copies += 1
+                planner.copies.observe(copy, sent=plan.length, accepted=0)
+                planner.drafts.forget()
+            else:
+                assert plan.kind == "draft"
+                planner.drafts.observe(drafted=3, accepted=2, seconds=0.18, end="head")
+        calibration = planner.copies.calibration
+        raw = planner.copies._estimates(copy, 1)[0]
+        assert planner.copies.hazards(copy, 1)[0] == pytest.approx(raw * calibration)
+        return copies, calibration
+
+    copies, calibration = copies_sent()
+    assert copies == 1 and calibration < 0.6
+    monkeypatch.setattr(CopyAcceptance, "calibration", 1.0)  # without it: the counts alone take three failed copies
+    assert copies_sent()[0] == 3
 
 
 def test_a_copy_sends_the_verifications_free_candidates_whatever_its_estimate():
