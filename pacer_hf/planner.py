@@ -446,9 +446,8 @@ class CopyAcceptance:
 
     def hazards(self, option: Phrase, tokens: int) -> list[float]:
         """For i = 1..`tokens` of `option`: P(token i accepted | every token before it was)."""
-        hazards = self._estimates(option, tokens)
-        if hazards:
-            hazards[0] *= self.calibration
+        hazards = self._estimates(option, tokens)  # always holds the first token's, even for tokens=0
+        hazards[0] *= self.calibration
         return hazards
 
     def _estimates(self, option: Phrase, tokens: int) -> list[float]:
