@@ -213,6 +213,10 @@ class _Fit:
         a, b = self.coefficients()
         return a + b * n
 
+    def fade(self, share: float) -> None:
+        """Moves the fit `share` of the way back towards its prior (the observations weigh that much less)."""
+        self.sums = [(1 - share) * value for value in self.sums]
+
 
 class _SlopeFit:
     """y = anchor + b * (n - n0) for n > n0, the anchor given at query time (the short line's value at n0, so that the
@@ -302,7 +306,18 @@ class CallCosts:
         # cold (a process's first call).
         self._step.prior = (self.step(), 0.0)
         self._previous = (candidates, seconds)
+        if not self._forwards:
+            self._forget_draft()
         self._observe_forwards(step_s)
+
+    def _forget_draft(self) -> None:
+        """A round without the draft (a copy, a plain step): the draft forward's fits move `DRAFT_FORGET` of the way
+        back towards their priors, as the call's draft acceptance does (`DraftAcceptance.forget`). The fits are the
+        process's: without this, one slow stretch of draft forwards (0.8-1.0 of a step against 0.45, the machine's
+        noise) priced the draft above a step for every later call, which then never drafted and so never learnt
+        otherwise (eval/results/prefill-share-ab: ShareGPT 1000-1001 took 31.4 s against 25.1 s)."""
+        self._draft.fade(DRAFT_FORGET)
+        self._feed.fade(DRAFT_FORGET)
 
     def _observe_ratio(self, candidates: int, steps: float) -> None:
         """A verification of `candidates` took `steps` of the step timed next to it: learnt, clipped to within

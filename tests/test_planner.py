@@ -15,15 +15,16 @@ from pacer_hf.planner import (
 
 
 def _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15, draft_per_token=0.01, feed=0.002, rounds=40) -> CallCosts:
-    """Costs learnt from `rounds` timed observations of a known machine."""
+    """Costs learnt from `rounds` timed observations of a known machine. Forwards are learnt with the target call after
+    them; every target call here has some before it (a round without the draft would fade its fits,
+    `DRAFT_FORGET`)."""
     costs = CallCosts()
     for i in range(rounds):
-        costs.observe_round(0, step)
-        costs.observe_round(1 + i % 20, verify + per_token * (1 + i % 20))
         costs.observe_forward(1 + i % 4, draft + draft_per_token * (i % 4))
+        costs.observe_round(0, step)
         costs.observe_forward(100 + 50 * (i % 8), draft + feed * (100 + 50 * (i % 8)), first=True)  # a prompt's
         costs.observe_forward(20 + 10 * (i % 8), draft + feed * (20 + 10 * (i % 8)))  # a catch-up after copies
-    costs.observe_round(0, step)  # forwards are learnt with the target call after them
+        costs.observe_round(1 + i % 20, verify + per_token * (1 + i % 20))
     return costs
 
 
@@ -179,11 +180,9 @@ def test_a_draft_timed_on_a_slow_machine_follows_the_step_once_steps_show_the_ma
     for _ in range(8):
         costs.observe_round(0, 0.3)  # then fast plain steps only
     assert costs.step() == pytest.approx(0.3, rel=0.1)
-    assert costs.draft(1) == pytest.approx(0.5 * costs.step(), rel=0.02)  # half a step, as on the slow machine
+    # half a step, as on the slow machine, fading towards the prior's share by the steps without the draft
+    assert PRIOR_DRAFT * costs.step() < costs.draft(1) < 0.5 * costs.step()
     assert _first_kinds(RoundPlanner(costs, max_new_tokens=128), 3, 0.3) == ["draft"]  # a new call drafts at once
-    for _ in range(100):
-        costs.observe_round(0, 0.3)  # a machine that stays at one speed: the price stays
-    assert costs.step() == pytest.approx(0.3, rel=0.01) and costs.draft(1) == pytest.approx(0.15, rel=0.02)
 
 
 def test_a_verification_timed_on_a_slow_machine_follows_the_step_too():
@@ -218,6 +217,8 @@ def _drafting_call(costs: CallCosts, rounds: int, accepted: int) -> list[Plan]:
         if plans[-1].kind == "draft":
             drafting = 4 * costs.draft(1)
             seconds = drafting + costs.target(4)
+            for _ in range(4):
+                costs.observe_forward(1, costs.draft(1))
             planner.drafts.observe(4, accepted, drafting, "head")
             costs.observe_round(4, costs.target(4))
         else:
@@ -244,12 +245,25 @@ def test_a_call_that_drafts_every_round_re_times_the_step_now_and_then():
 
 def test_rounds_that_verify_keep_the_verification_timed():
     """A call that copies (a summary) verifies every round: its verification is priced as timed, while the draft's
-    price, which it never times, follows the step."""
+    price, which it never times, goes back to its prior's share of the step (`DRAFT_FORGET` a round)."""
     costs = _costs(step=0.3, verify=0.6, per_token=0.01, draft=0.15)
     for i in range(100):
         costs.observe_round(1 + i % 20, 0.6 + 0.01 * (1 + i % 20))
     assert costs.target(5) == pytest.approx(0.65, rel=0.02)
-    assert costs.draft(1) == pytest.approx(0.15, rel=0.05)
+    assert costs.draft(1) == pytest.approx(PRIOR_DRAFT * costs.step(), rel=0.02)
+
+
+def test_a_draft_priced_above_a_step_by_a_slow_stretch_is_tried_again_after_rounds_without_it(monkeypatch):
+    """The draft's forwards are timed only by rounds that draft: a stretch of slow ones (0.8-1.0 of a step against
+    0.45 on the Intel bar machine) priced drafting below a step's rate, and every later call of the process stepped
+    and copied without ever timing the draft again (eval/results/prefill-share-ab: ShareGPT 1000-1001 never drafted,
+    31.4 s against 25.1 s). Rounds without the draft fade its price back towards the prior, and a call tries it."""
+    slow_stretch = dict(step=0.3, verify=0.32, per_token=0.0, draft=0.27, draft_per_token=0.0, rounds=40)
+    assert _first_kinds(RoundPlanner(_costs(**slow_stretch), max_new_tokens=128), 1, 0.3) == ["step"]
+    kinds = _first_kinds(RoundPlanner(_costs(**slow_stretch), max_new_tokens=128), 60, 0.3)
+    assert kinds[-1] == "draft" and 5 < len(kinds) < 40, kinds
+    monkeypatch.setattr(CallCosts, "_forget_draft", lambda self: None)  # the price as last timed: never tried again
+    assert "draft" not in _first_kinds(RoundPlanner(_costs(**slow_stretch), max_new_tokens=128), 60, 0.3)
 
 
 def test_costs_start_from_priors_scaled_by_the_first_round():
