@@ -274,9 +274,6 @@ class CallCosts:
         # draft lagged 16 tokens, the rest of the call stepped.
         self._prefill = _Fit(1.0, 1024.0, prior=(PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN))
         self._target_token_s: float | None = None  # seconds a token of the target's prefill of a prompt, once timed
-        # Timed first draft forwards against the target's prefill of as many tokens in the same call: [draft s, target
-        # s], forgotten at `DECAY` (see `catch_up`).
-        self._prefill_ratio = [0.0, 0.0]
         self._timed = False  # whether any target call was timed
         self.steps_timed = 0  # plain steps timed: until one is, the planner takes one to learn what a step costs
         self.seconds_since_step = 0.0  # of target calls since a plain step was last timed
@@ -333,9 +330,6 @@ class CallCosts:
             steps = seconds / step_s
             if first:
                 self._prefill.observe(fed_tokens, steps)
-                if self._target_token_s is not None:
-                    self._prefill_ratio = [DECAY * self._prefill_ratio[0] + seconds,
-                                           DECAY * self._prefill_ratio[1] + self._target_token_s * fed_tokens]
             elif fed_tokens > SHORT_FORWARD:
                 self._feed.observe(fed_tokens, steps)
             else:
@@ -386,17 +380,6 @@ class CallCosts:
             return self._verify.coefficients()[1] * self.step()
         return self._verify_long.slope(self._verify(SHORT_VERIFY)) * self.step()
 
-    def prefill_share(self) -> float:
-        """The draft's first forward of a call as a share of the target's prefill of as many tokens, as timed in
-        earlier calls (at most 1; 1 before any). The fit of first forwards in steps extrapolates from the short
-        prompts it has seen, pinned far out by its prior: on the bar's Intel Xeon (bfloat16, AMX) it priced a
-        rag prompt's 827-token start at 14 steps where it cost 4 (the draft 0.95 ms a prompt token, the target 2.7 ms,
-        a step 0.19 s at 800 cached tokens), and rag 543/545 of eval/results/planner-bar-intel-v3 never drafted. The
-        share measured at short prompts carries over to long ones (0.42 at 150 tokens, 0.36 at 800 there), and it
-        errs high where it does not (a short forward's fixed costs weigh more)."""
-        draft_s, target_s = self._prefill_ratio
-        return min(draft_s / target_s, 1.0) if target_s > 0 else 1.0
-
     def draft(self, fed_tokens: int = 1) -> float:
         """Seconds of a draft forward that feeds `fed_tokens`."""
         if fed_tokens > SHORT_FORWARD:
@@ -409,14 +392,13 @@ class CallCosts:
 
     def catch_up(self, missing: int, first: bool = False) -> float:
         """What feeding `missing` tokens the draft lacks adds to a round's first draft forward (`first`: the call's
-        first forward, on a fresh cache, never priced above the target's prefill of as many tokens times the share of
-        it that the draft's first forwards took in earlier calls, or 1 before any: a smaller model of the same kind is
-        not dearer a prompt token, and where prompt tokens are nearly free, on a GPU, the price in steps measured on
-        CPUs would make a long prompt's start look dear for no reason)."""
+        first forward, on a fresh cache, never priced above the target's prefill of as many tokens: a smaller model
+        of the same kind is not dearer a prompt token, and where prompt tokens are nearly free, on a GPU, the price
+        in steps measured on CPUs would make a long prompt's start look dear for no reason)."""
         if first:
             forward = self._prefill(missing + 1) * self.step()
             if self._target_token_s is not None:
-                forward = min(forward, self.prefill_share() * self._target_token_s * (missing + 1))
+                forward = min(forward, self._target_token_s * (missing + 1))
         else:
             forward = self.draft(missing + 1)
         return max(forward - self.draft(1), 0.0)

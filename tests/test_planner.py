@@ -84,33 +84,6 @@ def test_a_first_catch_up_costs_no_more_than_the_targets_prefill_of_as_many_toke
     assert planner.plan([], **long_prompt).kind == "draft"
 
 
-def test_a_first_catch_up_is_priced_at_the_share_of_the_targets_prefill_that_earlier_first_forwards_took():
-    """The fit of first forwards in steps, taught by short prompts only, keeps its prior's price for a long one (on the
-    bar's Intel Xeon 14 steps for a rag prompt's 827 tokens, where it cost 4, and rag 543/545 never drafted): a first
-    forward timed at 0.4 of the target's prefill of as many tokens prices a later call's long start at that share of
-    its own prefill, and the start is bought."""
-    costs = _costs(step=0.3, verify=0.3, per_token=0.0, draft=0.12, draft_per_token=0.0, feed=0.001, rounds=40)
-    costs._prefill = CallCosts()._prefill  # no first forward timed yet: the prior
-    long_prompt = dict(room=100, draft_room=8, draft_missing=799, draft_started=False)
-    planner = RoundPlanner(costs, max_new_tokens=128)
-    _drafting(planner, accepted=3, seconds=0.4)  # drafting: 4 tokens in 0.7 s, 1.7 times a step's rate
-    for _ in range(5):  # a long start waits for the call's first rounds (`ROUNDS_BEFORE_DRAFT`) and their rent
-        planner.observe_round(new_tokens=1, seconds=0.3)
-    costs.observe_prefill(800, 0.3 * 800 * 0.015)  # the target: 1.5% of a step a prompt token
-    assert costs.prefill_share() == 1.0  # no first forward timed: the target's prefill bounds it, as before
-    assert costs.catch_up(799, first=True) == pytest.approx(0.3 * 800 * 0.015 - costs.draft(1), rel=0.02)
-    assert planner.plan([], **long_prompt).kind == "step"
-    for prompt in (40, 90, 150):  # short prompts' first forwards, at 0.4 of the target's prefill of as many tokens
-        costs.observe_prefill(prompt, 0.3 * prompt * 0.015)
-        costs.observe_forward(prompt, 0.4 * 0.3 * prompt * 0.015, first=True)
-        costs.observe_round(0, 0.3)
-    assert costs.prefill_share() == pytest.approx(0.4)
-    costs.observe_prefill(800, 0.3 * 800 * 0.015)
-    assert costs._prefill(800) * costs.step() > 0.6 * 0.3 * 800 * 0.015  # the fit alone would still price it dear
-    assert costs.catch_up(799, first=True) == pytest.approx(0.4 * 0.3 * 800 * 0.015 - costs.draft(1), rel=0.02)
-    assert planner.plan([], **long_prompt).kind == "draft"
-
-
 def test_short_and_long_verifications_are_fitted_apart():
     """A machine on which a verification costs a step up to a few tens of candidates and grows after (bfloat16
     matrix units, a GPU): long copies must not make a draft round's short verification look expensive."""
