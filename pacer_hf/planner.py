@@ -107,9 +107,10 @@ CALIBRATION_PRIOR_TOKENS = 2.0
 DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_FORWARDS, DRAFT_PRIOR_ACCEPTED = 3.0, 3.0, 2.4
 ALL_ACCEPTED_PRIOR = {"head": 0.2, "limit": 0.4, "source": 0.5, "eos": 0.5}
 RECENT_ROUNDS = 8
-# Each round that does not draft moves the draft's estimates this far back towards the prior: a call that stopped
-# drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since rounds
-# that do not draft teach it nothing about the draft.
+# Each round that does not draft moves the draft's estimates this far back towards the prior (its acceptance in the
+# call, `DraftAcceptance.forget`, and its forward's price in the process, `CallCosts._forget_draft`): a call that
+# stopped drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since
+# rounds that do not draft teach it nothing about the draft.
 DRAFT_FORGET = 0.1
 # A plain step is re-timed by every round that steps, a draft forward only by rounds that draft and a verification only
 # by rounds that send candidates; and the costs outlive a call. So the step's estimate is the unit of every other cost:
