@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=BENCHMARK_CONTEXT,
                         help="tokens in the KV cache the k-token forwards run on (a long document: 1000)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the autoregressive timing")
-    parser.add_argument("--prefill", type=int, nargs="*", default=[150, 800],
+    parser.add_argument("--prefill", type=int, nargs="+", default=[150, 800],
                         help="prompt lengths whose first forward (fresh cache) is timed for each model")
     parser.add_argument("--out", type=Path, default=Path("eval/results/costs"))
     args = parser.parse_args()
@@ -150,8 +150,8 @@ def main() -> None:
               + "; ".join(f"{role} " + ", ".join(f"n={n}: {ms:.0f} ({ms / n:.2f})" for n, ms in e["prefill_ms"].items())
                           for role, e in models.items())
               + "; draft / target: " + ", ".join(f"n={n}: {r:.2f}" for n, r in result["prefill_ratio"].items())
-              + f"; in target steps (fwd1) a prompt token: draft "
-              + ", ".join(f"{models['draft']['prefill_ms'][n] / n / target_ms[1]:.4f}" for n in args.prefill)]
+              + "; in target steps (fwd1) a prompt token: draft "
+              + ", ".join(f"{draft_prefill[n] / n / target_ms[1]:.4f}" for n in args.prefill)]
     lines += ["", "inside generate() (what `pacer-hf train` uses; in rounds): "
               + "; ".join(f"{mode}: a drafted token c = {c['draft']:.3f}, a head call {c['head']:.4f}"
                           for mode, c in result["in_generate"].items())]
