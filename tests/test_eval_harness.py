@@ -175,46 +175,6 @@ def test_repeated_runs_count_once_per_prompt_with_their_median_wall_time():
     assert summarize(environment, records[:-1], quality=False)["left_out"] == [["s", "a"]]
 
 
-def test_gauged_speedups_scale_each_call_by_the_machines_speed_around_it():
-    environment = {"mode": "greedy", "methods": ["autoregressive", "prompt-lookup-k10", "entropy+phrases"],
-                   "pair": "p", "dtype": "float32", "max_new_tokens": 10, "threads": 2, "transformers": "x",
-                   "torch": "y"}
-    # One prompt: ours ran while the machine was at half speed (its gauges took 0.2 s against the others' 0.1 s), so
-    # its 2 s count as 1 s at the run's median speed: level with prompt lookup's, not half of it.
-    runs = {"autoregressive": (4.0, [0.1, 0.1]), "prompt-lookup-k10": (1.0, [0.1, 0.1]),
-            "entropy+phrases": (2.0, [0.2, 0.2])}
-    records = [{"set": "s", "prompt_id": "a", "method": m, "tokens": list(range(10)), "wall_s": wall,
-                "gauge_s": gauge, "target_calls": 2, "draft_forwards": 0, "draft_lengths": []}
-               for m, (wall, gauge) in runs.items()]
-    result = summarize(environment, records, quality=False)
-    ours = result["summary"]["s"]["entropy+phrases"]
-    assert ours["speedup"] == pytest.approx(2.0) and ours["gauged_speedup"] == pytest.approx(4.0)
-    assert result["against_stock"]["per_set"]["s"]["entropy+phrases"] == pytest.approx(0.5)
-    assert result["against_stock_gauged"]["per_set"]["s"]["entropy+phrases"] == pytest.approx(1.0)
-    assert "scaled by the machine's speed" in markdown_table(result)
-    # One record without its gauges (a run resumed from records written before them): no gauged figures at all.
-    old = summarize(environment, [{k: v for k, v in r.items() if k != "gauge_s"} if r["method"] == "autoregressive"
-                                  else r for r in records], quality=False)
-    assert "gauged_speedup" not in old["summary"]["s"]["entropy+phrases"] and "against_stock_gauged" not in old
-    assert "scaled by" not in markdown_table(old)
-
-    # Repeated: the gauged walls collapse to their median too, with their own spread.
-    repeated = [dict(r, repeat=k, wall_s=r["wall_s"] * k, gauge_s=[g * k for g in r["gauge_s"]])
-                for k in (1, 2, 3) for r in records]
-    summary = summarize({**environment, "repeat": 3}, repeated, quality=False)["summary"]["s"]["entropy+phrases"]
-    assert summary["wall_spread_median"] == pytest.approx((6.0 - 2.0) / 4.0)
-    assert summary["gauged_wall_spread_median"] == pytest.approx(0.0)  # each slow run's gauges were as slow
-
-
-def test_the_speed_gauge_times_one_target_forward(pair):
-    from pacer_hf.bench.gauge import SpeedGauge
-
-    log = _ForwardLog(pair.target, pair.draft)
-    seconds = SpeedGauge(pair.target)()
-    log.remove()
-    assert seconds > 0 and log.events == ["T"]
-
-
 def test_humaneval_pass_at_1_runs_tests_in_a_subprocess():
     from pacer_hf.bench.quality import humaneval_pass_at_1
 
@@ -268,9 +228,6 @@ def test_an_interrupted_bench_resumes_without_losing_or_mixing_records(tmp_path)
         (p, m) for p in ("1", "2", "3") for m in ("autoregressive", "fixed-k2")
     ]
     assert all(r["wall_s"] > 0 for r in records)  # the cut-short record was dropped and redone
-    assert all(len(r["gauge_s"]) == 2 and min(r["gauge_s"]) > 0 for r in records)  # the machine's speed around each
-    # call, timed outside it: no gauge forward is counted as one of the call's target calls
-    assert all(r["target_calls"] == len(r["tokens"]) for r in records if r["method"] == "autoregressive")
 
 
 def test_bench_repeats_each_method_in_alternating_order_and_resumes_only_with_the_same_repeat(tmp_path):

@@ -8,8 +8,7 @@ Per method and prompt set: new tokens/s (mean and median over prompts), speed-up
 prompts whose token ids equal the autoregressive ones (a length mismatch is a mismatch), and HumanEval pass@1.
 A prompt that not every method finished (an interrupted run) is left out of every figure and listed in `left_out`.
 A run with `--repeat N` counts each (prompt, method) once: the median of its N wall times, the mean of its counts
-([`collapse_repeats`]). Records with the machine's speed around each call (`gauge_s`) also get every speed-up with
-each call's time scaled to the run's typical machine speed ([`pacer_hf.bench.gauge.gauged_walls`]).
+([`collapse_repeats`]).
 """
 
 import argparse
@@ -19,7 +18,6 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .gauge import gauged_walls
 from .quality import humaneval_pass_at_1
 
 
@@ -46,7 +44,7 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
     the fastest, does not favour a method whose choices vary with timings), the mean of its target calls and draft
     forwards, every run's draft lengths, and the first run's tokens and text, with `repeats_agree` false where the
     runs' tokens differ (a greedy run is then not counted equal to autoregressive decoding); `wall_spread` is how far
-    its runs lie apart, (slowest - fastest) / median. Gauged wall times (`gauged_wall_s`) are collapsed the same way."""
+    its runs lie apart, (slowest - fastest) / median."""
     runs: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for record in records:
         runs[(record["set"], record["prompt_id"], record["method"])].append(record)
@@ -66,16 +64,9 @@ def collapse_repeats(records: list[dict]) -> list[dict]:
             "draft_lengths": [n for r in group for n in r["draft_lengths"]],
             "prefill_s": _median_or_none([r.get("prefill_s") for r in group]),
             "repeats_agree": all(r["tokens"] == first["tokens"] for r in group),
-            "wall_spread": _spread(walls),
-            **({"gauged_wall_s": statistics.median(r["gauged_wall_s"] for r in group),
-                "gauged_wall_spread": _spread([r["gauged_wall_s"] for r in group])}
-               if all("gauged_wall_s" in r for r in group) else {}),
+            "wall_spread": (max(walls) - min(walls)) / median,
         })
     return collapsed
-
-
-def _spread(walls: list[float]) -> float:
-    return (max(walls) - min(walls)) / statistics.median(walls)
 
 
 def _median_or_none(values: list[float | None]) -> float | None:
@@ -98,9 +89,6 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
     finished = finished_prompts(environment, records)
     left_out = sorted({(r["set"], r["prompt_id"]) for r in records} - finished)
     records = [r for r in records if (r["set"], r["prompt_id"]) in finished]
-    gauged = gauged_walls(records)
-    if gauged is not None:
-        records = [{**r, "gauged_wall_s": wall} for r, wall in zip(records, gauged)]
     repeat = environment.get("repeat", 1)
     # With `--repeat`, also each run alone against the stock methods: how far one run's verdict can move.
     single_runs = [summarize({**environment, "repeat": 1}, [r for r in records if r.get("repeat") == k],
@@ -131,10 +119,6 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
         }
         if "wall_spread" in rows[0]:
             entry["wall_spread_median"] = statistics.median(r["wall_spread"] for r in rows)
-        if "gauged_wall_spread" in rows[0]:
-            entry["gauged_wall_spread_median"] = statistics.median(r["gauged_wall_spread"] for r in rows)
-        if gauged is not None:
-            entry["gauged_tokens_per_s_mean"] = statistics.mean(len(r["tokens"]) / r["gauged_wall_s"] for r in rows)
         if greedy:
             entry["equal_to_autoregressive"] = sum(r["tokens"] == reference.get((set_name, r["prompt_id"]))
                                                    and r.get("repeats_agree", True) for r in rows)
@@ -150,8 +134,6 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
         base_decode = statistics.mean(map(decode_rate, by_key[(set_name, "autoregressive")])) if timed else None
         for method, entry in methods.items():
             entry["speedup"] = entry["tokens_per_s_mean"] / base["tokens_per_s_mean"]
-            if gauged is not None:
-                entry["gauged_speedup"] = entry["gauged_tokens_per_s_mean"] / base["gauged_tokens_per_s_mean"]
             entry["speedup_median"] = statistics.median(
                 len(r["tokens"]) / r["wall_s"] / base_rates[r["prompt_id"]] for r in by_key[(set_name, method)]
             )
@@ -162,8 +144,6 @@ def summarize(environment: dict, records: list[dict], quality: bool = True) -> d
     decode = all("decode_speedup" in entry for methods in summary.values() for entry in methods.values())
     return {"environment": environment, "summary": summary, "against_stock": against_stock(summary),
             **({"against_stock_decode": against_stock(summary, "decode_speedup")} if decode and summary else {}),
-            **({"against_stock_gauged": against_stock(summary, "gauged_speedup")}
-               if gauged is not None and summary else {}),
             **({"against_stock_single_runs": single_runs} if single_runs else {}),
             "left_out": [list(key) for key in left_out]}
 
@@ -178,9 +158,9 @@ STOCK_PREFIXES = ("fixed-k", "prompt-lookup-k")
 
 def against_stock(summary: dict[str, dict[str, dict]], speedup: str = "speedup") -> dict:
     """Each of pacer-hf's methods against what transformers already ships, from the speed-ups of `summary` (the
-    entries' `speedup`, `"decode_speedup"` or `"gauged_speedup"`): per set, its ratio to that set's best stock method;
-    over all sets, its geometric-mean speed-up and the ratio of that to the geometric mean of the best *single* stock
-    method (the one setting a user would otherwise pick for everything)."""
+    entries' `speedup`, or `"decode_speedup"`): per set, its ratio to that set's best stock method; over all sets, its
+    geometric-mean speed-up and the ratio of that to the geometric mean of the best *single* stock method (the one
+    setting a user would otherwise pick for everything)."""
     sets = list(summary)
     common = set.intersection(*(set(summary[s]) for s in sets)) if sets else set()
     stock = sorted(m for m in common if is_stock(m))
@@ -228,7 +208,6 @@ def markdown_table(result: dict) -> str:
                 + (f" {e['decode_speedup']:.2f}x |" if decode else "")
             )
     lines += _spread_table(result["summary"])
-    lines += _spread_table(result["summary"], "gauged_wall_spread_median", "The same spread of the gauged wall times")
     comparison = result.get("against_stock")
     if comparison:
         lines += _comparison_table(comparison, "Against transformers' own methods: each method's speed-up over the "
@@ -237,9 +216,6 @@ def markdown_table(result: dict) -> str:
     if result.get("against_stock_decode"):
         lines += _comparison_table(result["against_stock_decode"], "The same on decode time: each call's time after "
                                    "the target's prefill, the same work for every method")
-    if result.get("against_stock_gauged"):
-        lines += _comparison_table(result["against_stock_gauged"], "The same with each call's time scaled by the "
-                                   "machine's speed right before and after it (`gauge_s`), to the run's median speed")
     return "\n".join(lines) + "\n"
 
 
@@ -274,16 +250,16 @@ def _single_runs_table(comparison: dict, single_runs: list[dict]) -> list[str]:
     return lines
 
 
-def _spread_table(summary: dict[str, dict[str, dict]], key: str = "wall_spread_median",
-                  title: str = "Spread of the repeated runs of one prompt, (slowest - fastest) / median wall time, "
-                  "median over the set's prompts") -> list[str]:
+def _spread_table(summary: dict[str, dict[str, dict]]) -> list[str]:
     """With `--repeat`: how far each method's runs of one prompt lay apart (the machine's noise), per set."""
-    methods = [m for m in next(iter(summary.values()), {}) if all(key in summary[s].get(m, {}) for s in summary)]
+    methods = [m for m in next(iter(summary.values()), {}) if all("wall_spread_median" in summary[s].get(m, {})
+                                                                  for s in summary)]
     if not methods:
         return []
-    lines = ["", f"{title}:", "", "| prompt set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    lines = ["", "Spread of the repeated runs of one prompt, (slowest - fastest) / median wall time, median over the "
+             "set's prompts:", "", "| prompt set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for set_name, entries in summary.items():
-        lines.append(f"| {set_name} | " + " | ".join(f"{entries[m][key]:.2f}" for m in methods) + " |")
+        lines.append(f"| {set_name} | " + " | ".join(f"{entries[m]['wall_spread_median']:.2f}" for m in methods) + " |")
     return lines
 
 

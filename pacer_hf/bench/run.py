@@ -7,10 +7,8 @@ For each prompt the methods run in a rotating order (so no method always runs fi
 warmer cache); one short warm-up generation per method is excluded. `<out>.jsonl` gets one line per (prompt,
 method), then `pacer_hf.bench.report` derives every figure from those records alone. On a machine whose speed moves
 between runs (a shared CPU), `--repeat N` runs the methods N times per prompt, in the reverse order every other time,
-and the report takes each one's median wall time; every record also keeps the machine's speed right before and after
-its call (`gauge_s`, `pacer_hf.bench.gauge`), from which the report also compares methods as if the machine had run
-at one speed. An interrupted run continues with the same command and `--resume` (which may also add prompts); the
-records keep when each sitting started.
+and the report takes each one's median wall time. An interrupted run continues with the
+same command and `--resume` (which may also add prompts); the records keep when each sitting started.
 """
 
 import argparse
@@ -31,7 +29,6 @@ from pacer_hf import PacerHead
 from pacer_hf.prompts import Prompt, load_prompt_set
 
 from .flags import add_generation_flags, add_model_flags, field_default, load_models
-from .gauge import SpeedGauge
 from .methods import Pair, registry
 from .report import finished_prompts, load_records, write_report
 
@@ -158,8 +155,6 @@ def run(args: argparse.Namespace) -> Path:
     warm_up = dataclasses.replace(pair, max_new_tokens=8)
     for method in methods.values():
         method(warm_up, encode(prompts[0].text))
-    gauge = SpeedGauge(target)
-    gauge()  # its own warm-up
 
     with out.open("a", encoding="utf-8") as file:
         for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
@@ -169,12 +164,10 @@ def run(args: argparse.Namespace) -> Path:
             order = names[index % len(names):] + names[: index % len(names)]
             for repeat in range(args.repeat):
                 for name in order if repeat % 2 == 0 else order[::-1]:
-                    before = gauge()
                     torch.manual_seed(args.seed + index)  # sampling: each method draws from the same seed per prompt
                     record = methods[name](pair, ids)
                     row = {"set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": ids.shape[1],
-                           **({"repeat": repeat} if args.repeat > 1 else {}), **record.to_json(),
-                           "gauge_s": [before, gauge()], "meta": prompt.meta}
+                           **({"repeat": repeat} if args.repeat > 1 else {}), **record.to_json(), "meta": prompt.meta}
                     if tokenizer is not None:
                         row["text"] = tokenizer.decode(record.tokens, skip_special_tokens=True)
                     file.write(json.dumps(row) + "\n")
