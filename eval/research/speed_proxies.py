@@ -53,10 +53,11 @@ def spreads(environment: dict, records: list[dict]) -> dict:
     """Per reading and per pair of methods, the pooled within-set standard deviation of the per-prompt log wall ratio
     after dividing each wall time by the reading."""
     finished = finished_prompts(environment, records)
-    by_prompt: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
+    # With `--repeat`, each repeat of a prompt is compared on its own: the methods' runs of one round of the rotation.
+    by_prompt: dict[tuple[str, str, int], dict[str, dict]] = defaultdict(dict)
     for record in records:
         if (record["set"], record["prompt_id"]) in finished:
-            by_prompt[(record["set"], record["prompt_id"])][record["method"]] = record
+            by_prompt[(record["set"], record["prompt_id"], record.get("repeat", 0))][record["method"]] = record
     kept = [r for methods in by_prompt.values() for r in methods.values()]
     readings = _available(kept)
     gauge = statistics.median(statistics.mean(r["gauge_s"]) for r in kept) if "gauge mean" in readings else 1.0
@@ -73,13 +74,13 @@ def spreads(environment: dict, records: list[dict]) -> dict:
             pairs[f"{a} / {b}"][name] = _pooled_sd(by_set)
     summary = {name: {"median_sd": statistics.median(p[name] for p in pairs.values()),
                       "pairs_below_none": sum(p[name] < p["none"] for p in pairs.values())} for name in readings}
-    return {"prompts": len(by_prompt), "pairs": pairs, "summary": summary}
+    return {"prompts": len(by_prompt), "pairs": pairs, "summary": summary}  # "prompts": (prompt, repeat) runs
 
 
 def markdown_table(result: dict) -> str:
-    lines = [f"{result['prompts']} prompts, {len(result['pairs'])} pairs of methods. Within-set standard deviation of "
-             "the per-prompt log wall-time ratio of two methods, each wall time divided by the reading (`none`: as "
-             "measured); a reading that tracks the machine's speed during the call shrinks it.", "",
+    lines = [f"{result['prompts']} prompts (each repeat counted), {len(result['pairs'])} pairs of methods. Within-set "
+             "standard deviation of the per-prompt log wall-time ratio of two methods, each wall time divided by the "
+             "reading (`none`: as measured); a reading that tracks the machine's speed during the call shrinks it.", "",
              "| reading | median over pairs | pairs below `none` |", "|---|---|---|"]
     for name, entry in result["summary"].items():
         lines.append(f"| {name} | {entry['median_sd']:.3f} | {entry['pairs_below_none']} of {len(result['pairs'])} |")

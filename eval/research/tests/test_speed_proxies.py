@@ -49,3 +49,9 @@ def test_a_reading_taken_outside_the_call_on_a_machine_whose_speed_moves_within_
 def test_records_without_gauges_are_checked_on_the_prefill_alone():
     records = [{k: v for k, v in r.items() if k != "gauge_s"} for r in _records(lambda i: 1.0, lambda i: 1.0)]
     assert list(spreads(ENVIRONMENT, records)["summary"]) == ["none", "prefill"]
+
+
+def test_each_repeat_of_a_prompt_is_compared_on_its_own():
+    once = _records(lambda i: 1.0, lambda i: 1.0)
+    repeated = [dict(r, repeat=k) for k in (0, 1) for r in once]
+    assert spreads({**ENVIRONMENT, "repeat": 2}, repeated)["prompts"] == 2 * spreads(ENVIRONMENT, once)["prompts"]
