@@ -107,6 +107,12 @@ CALIBRATION_PRIOR_TOKENS = 2.0
 DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_FORWARDS, DRAFT_PRIOR_ACCEPTED = 3.0, 3.0, 2.4
 ALL_ACCEPTED_PRIOR = {"head": 0.2, "limit": 0.4, "source": 0.5, "eos": 0.5}
 RECENT_ROUNDS = 8
+# How many rounds the prior round weighs in the running means. Open text drafts rounds of 1 to 16 tokens whose accepted
+# share swings from none to all (the entropy stop on qa 342 of the Intel bar: 1, 2, 9, 1, 8, 1, ... tokens), so one
+# round says little; weighed as one, a first round of 8 drafted tokens with 1 accepted halved the estimate's accepted
+# share, the draft fell under a plain step's rate by the margin, and the call stepped (qa 342: 13 plain steps, 30 target
+# calls against the entropy stop's 19).
+DRAFT_PRIOR_ROUNDS = 3
 # Each round that does not draft moves the draft's estimates this far back towards the prior (its acceptance in the
 # call, `DraftAcceptance.forget`, and its forward's price in the process, `CallCosts._forget_draft`): a call that
 # stopped drafting after a few poor rounds (or one slow one) tries again after some rounds instead of never, since
@@ -143,6 +149,13 @@ RATIO_CLIP = 1.5
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
 STEP_MARGIN = 0.1
+# The margin a draft already running in the call must clear over a plain step. Smaller than `STEP_MARGIN`: a draft round
+# corrects the draft's estimate (a step teaches nothing about the draft, and the estimate only drifts back to the prior,
+# `DRAFT_FORGET`), and its catch-up after steps is a short forward. With `STEP_MARGIN` the planner stepped wherever
+# drafting was under 1.1x a step's rate, where the entropy stop drafts on: on the Intel bar's open text (ShareGPT
+# wNBG8Gp_0: 19 plain steps in a row with the draft expected at 1.03-1.09x a step; 15.2 s for the entropy stop, 17.9 s
+# planned).
+DRAFT_MARGIN = 0.03
 # Most tokens one copy may send (the value rule usually stops earlier).
 MAX_COPY_TOKENS = 64
 # The lazy draft's first start is weighed against what the call's recent rounds achieved (their new tokens per second,
@@ -501,10 +514,10 @@ class CopyAcceptance:
 
 
 class DraftAcceptance:
-    """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first):
-    tokens drafted, tokens accepted, seconds of drafting per drafted token (its forwards, selection and head calls,
-    without the catch-up of tokens it had not seen; the prior is the costs' draft forward); and per way drafting
-    ended, the share of rounds whose every drafted token was accepted (a tail after the draft is reached only then).
+    """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first,
+    weighing `DRAFT_PRIOR_ROUNDS`): tokens drafted, tokens accepted, seconds of drafting per drafted token (its
+    forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is the costs' draft
+    forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the draft is reached only then).
     Rounds without the draft move the means back towards the prior ([`forget`])."""
 
     def __init__(self) -> None:
@@ -515,13 +528,14 @@ class DraftAcceptance:
 
     def seconds(self, costs: CallCosts) -> float:
         """Expected seconds of drafting a round."""
-        prior = costs.draft(1) * DRAFT_PRIOR_FORWARDS / DRAFT_PRIOR_TOKENS  # counts as one round
-        per_token = (self._per_token_weight * self._per_token + prior) / (self._per_token_weight + 1)
+        prior = costs.draft(1) * DRAFT_PRIOR_FORWARDS / DRAFT_PRIOR_TOKENS
+        weight = self._per_token_weight
+        per_token = (weight * self._per_token + DRAFT_PRIOR_ROUNDS * prior) / (weight + DRAFT_PRIOR_ROUNDS)
         return per_token * self.drafted
 
     def observe(self, drafted: int, accepted: int, seconds: float, end: str) -> None:
         self.rounds = min(self.rounds + 1, RECENT_ROUNDS)
-        step = 1 / (self.rounds + 1)  # the prior round counts once
+        step = 1 / (self.rounds + DRAFT_PRIOR_ROUNDS)
         self.drafted += step * (drafted - self.drafted)
         self.accepted += step * (min(accepted, drafted) - self.accepted)
         if drafted > 0:
@@ -672,14 +686,19 @@ class RoundPlanner:
         # summarization 282 of eval/results/steps-unit-ab.md (1,060 prompt tokens) started at 1.19x a step's rate;
         # its first draft round took 7.1 s against 0.34 s a step, and its draft rounds had 3 of 21 sent tokens accepted.
         explore = not draft_started and best.kind == "step" and not self._dear(catch_up)
-        bar = step.rates["step"] if explore else best_rate
+        if explore:
+            bar = step.rates["step"]
+        elif draft_started and best.kind == "step":
+            bar = (1.0 + DRAFT_MARGIN) * step.rates["step"]
+        else:
+            bar = best_rate
         if draft_rate <= bar:
             return best
         # The catch-up (the prompt's at the first start; later, the tokens stepped or copied since the draft last
         # ran) is paid once, then the call drafts at `draft_rate`: the rest of the call must repay it. Charged to one
         # round instead, it grew with every step, and a call that stepped after a poor draft round stepped to the end.
         if draft_started:
-            starts = self._saves(catch_up, best_rate, draft_rate, self._budget_left())
+            starts = self._saves(catch_up, bar, draft_rate, self._budget_left())
         else:
             starts = self._repays(catch_up, draft_rate, bar)
         return Plan("draft", expected, rates=rates) if starts else best
