@@ -517,8 +517,8 @@ class DraftAcceptance:
     """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first,
     weighing `DRAFT_PRIOR_ROUNDS`): tokens drafted, tokens accepted, seconds of drafting per drafted token (its
     forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is the costs' draft
-    forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the draft is reached only then).
-    Rounds without the draft move the means back towards the prior ([`forget`])."""
+    forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the
+    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`])."""
 
     def __init__(self) -> None:
         self.rounds = 0
