@@ -109,9 +109,9 @@ ALL_ACCEPTED_PRIOR = {"head": 0.2, "limit": 0.4, "source": 0.5, "eos": 0.5}
 RECENT_ROUNDS = 8
 # How many rounds the prior round weighs in the running means. Open text drafts rounds of 1 to 16 tokens whose accepted
 # share swings from none to all (the entropy stop on qa 342 of the Intel bar: 1, 2, 9, 1, 8, 1, ... tokens), so one
-# round says little; weighed as one, a first round of 8 drafted tokens with 1 accepted halved the estimate's accepted
-# share, the draft fell under a plain step's rate by the margin, and the call stepped (qa 342: 13 plain steps, 30 target
-# calls against the entropy stop's 19).
+# round says little. Weighed as one, qa 342's third draft round (8 drafted, 1 accepted, after two rounds of 1 token)
+# cut the estimate's accepted share from 0.8 to 0.34, the draft fell under a plain step's rate by the margin, and the
+# call stepped (13 plain steps, 30 target calls against the entropy stop's 19).
 DRAFT_PRIOR_ROUNDS = 3
 # Each round that does not draft moves the draft's estimates this far back towards the prior (its acceptance in the
 # call, `DraftAcceptance.forget`, and its forward's price in the process, `CallCosts._forget_draft`): a call that
