@@ -111,7 +111,9 @@ RECENT_ROUNDS = 8
 # share swings from none to all (the entropy stop on qa 342 of the Intel bar: 1, 2, 9, 1, 8, 1, ... tokens), so one
 # round says little. Weighed as one, qa 342's third draft round (8 drafted, 1 accepted, after two rounds of 1 token)
 # cut the estimate's accepted share from 0.8 to 0.34, the draft fell under a plain step's rate by the margin, and the
-# call stepped (13 plain steps, 30 target calls against the entropy stop's 19).
+# call stepped (13 plain steps, 30 target calls against the entropy stop's 19). So the means follow about
+# `RECENT_ROUNDS + DRAFT_PRIOR_ROUNDS` rounds: past the first `RECENT_ROUNDS`, each round moves them by 1/11. In the
+# seconds a drafted token takes, the prior (the costs' draft forward) keeps that weight for good: 3 of at most 11.
 DRAFT_PRIOR_ROUNDS = 3
 # Each round that does not draft moves the draft's estimates this far back towards the prior (its acceptance in the
 # call, `DraftAcceptance.forget`, and its forward's price in the process, `CallCosts._forget_draft`): a call that
