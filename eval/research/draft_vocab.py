@@ -23,7 +23,8 @@ import sys
 import torch
 from torch import nn
 
-from pacer_hf.bench import methods, run
+from eval.research.planner_ab import bench_with
+from pacer_hf.bench import methods
 from pacer_hf.cpu_linear import PrepackedLinear
 from pacer_hf.draft_model import DraftModel
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
@@ -109,12 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the vocabulary limits K to run, one method `planned+vocab{K // 1024}k` each")
     args, bench_argv = parser.parse_known_args(argv)
     variants = dict(vocab_method(limit) for limit in args.vocab)
-    registry = run.registry
-    run.registry = lambda pair: {**registry(pair), **variants}
-    try:
-        run.main(bench_argv, prog="python -m eval.research.draft_vocab")
-    finally:
-        run.registry = registry
+    bench_with(variants, bench_argv, prog="python -m eval.research.draft_vocab")
 
 
 if __name__ == "__main__":

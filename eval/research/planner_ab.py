@@ -106,14 +106,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="the commits whose planners run as methods `planner@REV`, one each")
     args, bench_argv = parser.parse_known_args(argv)
     earlier = dict(planner_method(rev) for rev in args.rev)
+    bench_with(earlier, bench_argv, prog="python -m eval.research.planner_ab")
+
+
+def bench_with(extra: dict, bench_argv: list[str], prog: str) -> None:
+    """The harness (`pacer-hf bench` with `bench_argv`) with the methods `extra` (name -> method) beside its own."""
     registry = run.registry
 
-    def with_earlier_planner(pair: methods.Pair) -> dict:
-        return {**registry(pair), **earlier}
+    def with_extra(pair: methods.Pair) -> dict:
+        return {**registry(pair), **extra}
 
-    run.registry = with_earlier_planner
+    run.registry = with_extra
     try:
-        run.main(bench_argv, prog="python -m eval.research.planner_ab")
+        run.main(bench_argv, prog=prog)
     finally:
         run.registry = registry
 
