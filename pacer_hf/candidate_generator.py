@@ -100,6 +100,8 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
             them before it is sent, so a stop inside an accepted run ends the output where plain decoding ends it.
         target_vocab_size (`int`, *optional*): the target's vocabulary size, when the draft's embedding rows differ
             (a padded pair); defaults to the draft's.
+        draft_vocab (`int`, *optional*): the draft scores only ids below it and the sequence's ids ([`DraftModel`]);
+            None: its whole vocabulary. `generate()` passes `pacer_draft_vocab` resolved for the draft.
     """
 
     # The parent's online ROC re-fit of `assistant_confidence_threshold` and its `ConfidenceCriteria` are switched
@@ -121,6 +123,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         stats: PacerStats,
         stopping_criteria: StoppingCriteriaList | None = None,
         target_vocab_size: int | None = None,
+        draft_vocab: int | None = None,
     ):
         if input_ids.shape[0] != 1:
             raise ValueError(
@@ -161,7 +164,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         # Only a padded prompt needs an explicit mask; positions then follow the mask, as for the target.
         mask = self.assistant_kwargs.get("attention_mask")
         self.draft = DraftModel(assistant_model, mask if mask is not None and not bool(mask.all()) else None,
-                                self.vocab_size)
+                                self.vocab_size, draft_vocab)
         self._round_end = 0.0
         self._round: Candidates | None = None  # the round in flight
 
@@ -296,6 +299,7 @@ class PacerCandidateGenerator(AssistedCandidateGenerator):
         return candidates.shape[1]
 
     def _record_round(self, candidates: Candidates, forwards: int) -> None:
+        self.stats.draft_vocab = self.draft.vocab_limit
         self.stats.draft_lengths.append(candidates.drafted)
         self.stats.draft_forwards.append(forwards)
         self.stats.copied_lengths.append(candidates.tokens.shape[1] - candidates.drafted)

@@ -10,6 +10,10 @@ Qwen2.5-7B 152,064). Its logits come out at the target's width: rows the target 
 lacks are -inf (impossible tokens, never proposed). A token the draft has no embedding for (a padding id the target
 emitted) is fed as the draft's last row: the output stays the target's, only drafting after it suffers.
 
+Output layer: with a [`DraftVocabulary`] the model's forward skips its own output layer (an empty `logits_to_keep`)
+and the draft scores only part of its vocabulary; the first forward of each model checks that against the model's own
+logits (`pacer_hf.draft_vocabulary`).
+
 Shapes: L = tokens so far, m = guessed tokens fed beside them, V = the target's vocabulary, H = draft hidden size.
 """
 
@@ -17,6 +21,10 @@ import time
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from .draft_vocabulary import DraftVocabulary, draft_vocabulary
+
+_NO_LOGITS = torch.zeros(0, dtype=torch.long)  # `logits_to_keep` that keeps no position: the output layer is skipped
 
 
 class DraftModel:
@@ -27,10 +35,14 @@ class DraftModel:
         prompt_mask (`torch.LongTensor` of shape `(1, P)`, *optional*): the prompt's attention mask, for a padded
             prompt only (positions then follow the mask, as for the target).
         vocab_size (`int`): the target's vocabulary size, the width of the logits returned.
+        vocab_limit (`int`, *optional*): score only ids below it and the sequence's ids ([`DraftVocabulary`]); None:
+            the whole output layer.
     """
 
-    def __init__(self, model: PreTrainedModel, prompt_mask: torch.Tensor | None, vocab_size: int):
+    def __init__(self, model: PreTrainedModel, prompt_mask: torch.Tensor | None, vocab_size: int,
+                 vocab_limit: int | None = None):
         self.model = model
+        self.vocabulary: DraftVocabulary | None = draft_vocabulary(model, vocab_limit)
         self.vocab_size = vocab_size
         self._rows = model.get_input_embeddings().weight.shape[0]  # tokens the draft can read
         self._cache = DynamicCache(config=model.config)
@@ -62,7 +74,10 @@ class DraftModel:
         self._sync_cache(ids)
         fed = torch.cat([ids, ids.new_tensor([guess])], dim=-1) if guess else ids  # [1, L + m]
         num_cached = self._cached_ids.shape[1]
-        kwargs = {"logits_to_keep": len(guess) + 1} if self._keeps_logits else {}
+        keep = len(guess) + 1
+        kwargs = {"logits_to_keep": keep} if self._keeps_logits else {}
+        if self.vocabulary is not None and self.vocabulary.verified:
+            kwargs["logits_to_keep"] = _NO_LOGITS.to(ids.device)
         if self._prompt_mask is not None:
             pad = fed.shape[1] - self._prompt_mask.shape[1]
             mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(1, pad)], dim=-1)  # [1, L + m]
@@ -72,13 +87,25 @@ class DraftModel:
         out = self.model(input_ids=new, past_key_values=self._cache, use_cache=True, output_hidden_states=True,
                          **kwargs)
         self._cached_ids = fed
-        keep = len(guess) + 1
-        logits = self._to_target_width(out.logits[:, -keep:, :].float())  # [1, m + 1, V]
         # hidden_states[-1] is the post-norm state that feeds the lm_head (transformers ties it to last_hidden_state)
         hidden = out.hidden_states[-1][:, -keep:, :]  # [1, m + 1, H]
+        logits = self._to_target_width(self._logits(out.logits[:, -keep:, :], hidden, fed))  # [1, m + 1, V]
         self.forwards += 1
         self._timings.append((new.shape[1], time.perf_counter() - start))
         return logits, hidden
+
+    def _logits(self, own: torch.Tensor, hidden: torch.Tensor, fed: torch.LongTensor) -> torch.Tensor:
+        """Float32 logits `[1, m + 1, R]` of the scored positions: the model's own (`own`, empty where the forward
+        skipped its output layer) or the restricted layer's, once the first forward checked it against the own."""
+        vocabulary = self.vocabulary
+        if vocabulary is not None and not vocabulary.check(self.model, hidden, fed, own):
+            self.vocabulary = vocabulary = None  # not a plain output layer: the whole vocabulary from now on
+        return own.float() if vocabulary is None else vocabulary.logits(hidden, fed)
+
+    @property
+    def vocab_limit(self) -> int | None:
+        """The id limit the draft scores below (besides the sequence's ids); None: its whole vocabulary."""
+        return None if self.vocabulary is None else self.vocabulary.limit
 
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
         width = logits.shape[-1]

@@ -10,6 +10,7 @@ The route, in the order a call takes it:
    - `_check_call`: refuses what PACER cannot honour (beam search, prompt lookup, a head on the meta device, ...);
    - `check_pair_compatible`: the head, the draft and the target belong together;
    - `_phrase_pool`: planned rounds (the default) or the paper's loop (`pacer_phrases=False`);
+   - `resolve_draft_vocab`: how much of its vocabulary the draft scores (`pacer_draft_vocab`);
    - `_call_config`: the one `PacerHeadConfig` of this call (the head's, with the per-call overrides);
    - `_warn_call`: what works but is probably not what the user wants (a head trained for the other decoding mode).
 2. transformers runs its own `generate()`, whose assisted loop asks `_get_candidate_generator()`; for the model of
@@ -47,6 +48,7 @@ from pacer_core.head import EntropyRule, PacerHead
 from pacer_core.pair import check_max_draft
 
 from .candidate_generator import PacerCandidateGenerator
+from .draft_vocabulary import resolve_draft_vocab
 from .pair import check_pair_compatible
 from .phrase_drafting import PhraseCandidateGenerator
 from .phrases import PhrasePool
@@ -75,11 +77,13 @@ class PacerKwargs:
     phrases: Any = None
     stats: Any = None
     generator: Any = None
+    draft_vocab: Any = "auto"
     overrides: dict[str, Any] = field(default_factory=dict)  # generate() keyword -> value
 
     def given(self) -> list[str]:
         """The names of the arguments that were passed, besides `pacer_head`."""
-        extra = {"pacer_phrases": self.phrases, "pacer_stats": self.stats, "pacer_candidate_generator": self.generator}
+        extra = {"pacer_phrases": self.phrases, "pacer_stats": self.stats, "pacer_candidate_generator": self.generator,
+                 "pacer_draft_vocab": None if self.draft_vocab == "auto" else True}
         return sorted(self.overrides) + sorted(name for name, value in extra.items() if value is not None)
 
 
@@ -95,6 +99,7 @@ class _PacerCall:
     generator_factory: Callable[..., PacerCandidateGenerator]
     stopping_criteria: StoppingCriteriaList | None  # the user's `stopping_criteria=`
     tokenizer: Any  # the `tokenizer=` (stop strings, padded pairs)
+    draft_vocab: int | None = None  # the draft scores ids below this and the sequence's (None: all of them)
     used: bool = False
 
 
@@ -111,6 +116,7 @@ def _pop_pacer_kwargs(kwargs: dict) -> PacerKwargs:
         phrases=kwargs.pop("pacer_phrases", None),
         stats=kwargs.pop("pacer_stats", None),
         generator=kwargs.pop("pacer_candidate_generator", None),
+        draft_vocab=kwargs.pop("pacer_draft_vocab", "auto"),
         overrides={name: value for name in PER_CALL_OVERRIDES if (value := kwargs.pop(name, None)) is not None},
     )
 
@@ -269,6 +275,7 @@ def _prepare_call(model: Any, args: tuple, kwargs: dict) -> _PacerCall | None:
         generator_factory=pacer.generator if pacer.generator is not None else (
             PhraseCandidateGenerator if phrases is not None else PacerCandidateGenerator),
         stopping_criteria=call.stopping_criteria, tokenizer=tokenizer,
+        draft_vocab=resolve_draft_vocab(pacer.draft_vocab, call.draft),
     )
 
 
@@ -311,10 +318,12 @@ def _build_generator(call: _PacerCall, model: Any, arguments: dict[str, Any]) ->
         tokenizer=call.tokenizer,
     )
     # With phrases, the rounds are planned from the pair's costs, remembered across the calls of this process.
-    sources = {"phrases": call.phrases, "costs": costs_for(model, arguments["assistant_model"])} if call.phrases is not None else {}
+    draft = arguments["assistant_model"]
+    sources = {} if call.phrases is None else {"phrases": call.phrases,
+                                               "costs": costs_for(model, draft, call.draft_vocab)}
     generator = call.generator_factory(
         input_ids=arguments["input_ids"],
-        assistant_model=arguments["assistant_model"],
+        assistant_model=draft,
         generation_config=arguments["generation_config"],
         model_kwargs=arguments["model_kwargs"],
         inputs_tensor=arguments.get("inputs_tensor"),
@@ -324,6 +333,7 @@ def _build_generator(call: _PacerCall, model: Any, arguments: dict[str, Any]) ->
         stats=call.stats,
         stopping_criteria=stopping_criteria,
         target_vocab_size=model.config.get_text_config().vocab_size,
+        draft_vocab=call.draft_vocab,
         **sources,
     )
     if not isinstance(generator, PacerCandidateGenerator):

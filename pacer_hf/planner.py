@@ -420,13 +420,14 @@ class CallCosts:
         return max(forward - self.draft(1), 0.0)
 
 
-_COSTS: "weakref.WeakKeyDictionary[object, dict[int, CallCosts]]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[object, dict[tuple[int, int | None], CallCosts]]" = weakref.WeakKeyDictionary()
 
 
-def costs_for(target: object, draft: object) -> CallCosts:
-    """The cost estimate of this (target, draft) pair in this process, created on first use."""
+def costs_for(target: object, draft: object, draft_vocab: int | None = None) -> CallCosts:
+    """The cost estimate of this (target, draft) pair in this process, created on first use; one per draft
+    vocabulary limit (`pacer_draft_vocab`), since a draft scoring fewer ids runs faster."""
     by_draft = _COSTS.setdefault(target, {})
-    return by_draft.setdefault(id(draft), CallCosts())
+    return by_draft.setdefault((id(draft), draft_vocab), CallCosts())
 
 
 def blend(counts: Sequence[float] | None, prior: float, weight: float = COPY_PRIOR_WEIGHT) -> float:

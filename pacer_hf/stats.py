@@ -65,6 +65,8 @@ class PacerStats:
         phrase_tokens_offered (`int`): phrase tokens fed to the draft for confirmation (phrase drafting).
         phrase_tokens_confirmed (`int`): of those, the tokens the draft chose itself and drafted on from, each
             saving a draft forward (so drafted tokens = draft forwards + confirmed tokens).
+        draft_vocab (`int`, *optional*): the draft scored ids below this and the sequence's ids (`pacer_draft_vocab`);
+            None: its whole vocabulary.
     """
 
     draft_lengths: list[int] = field(default_factory=list)
@@ -80,6 +82,7 @@ class PacerStats:
     draft_forwards: list[int] = field(default_factory=list)
     phrase_tokens_offered: int = 0
     phrase_tokens_confirmed: int = 0
+    draft_vocab: int | None = None
 
     @property
     def rounds(self) -> int:
@@ -152,6 +155,7 @@ class PacerStats:
             f"(rate {self.acceptance_rate:.2f}, {self.tokens_per_target_call:.2f} tokens/target call) "
             f"head calls={self.head_calls} head stops={self.head_stops} "
             f"draft lengths={self.draft_length_histogram} {planned}"
+            f"{'' if self.draft_vocab is None else f'draft vocabulary=ids<{self.draft_vocab}+text '}"
             f"time draft/head/target/total={self.draft_time_s:.3f}/{self.head_time_s:.3f}/"
             f"{self.target_time_s:.3f}/{self.total_time_s:.3f}s"
         )

@@ -28,6 +28,7 @@ VOCAB = 8
 TEMPERATURE = 0.7
 NUM_SAMPLES = 1200
 PROMPT = torch.tensor([[0, 3, 5, 1]])
+DRAFT_VOCAB = 4  # `pacer_draft_vocab`: the draft may propose 0-3 and 5 (the prompt's), not 4, 6 or 7 until they occur
 
 
 class _TokenProbabilityHead(NeuralHead):
@@ -149,9 +150,23 @@ class _KeepsConfirmedDraftsOnly(PhraseCandidateGenerator):
         return dataclasses.replace(run, tokens=run.tokens[:, :keep], scores=run.scores[:, :keep] if keep else None)
 
 
+class _DrawsRestrictedReportsWhole(PacerCandidateGenerator):
+    """Broken on purpose, the bug a restricted draft vocabulary could have: the draft draws only ids below
+    `DRAFT_VOCAB` and the sequence's, but reports its whole-vocabulary row as the distribution it drew from."""
+
+    def _select(self, ids, logits, hidden):
+        step = super()._select(ids, logits, hidden)
+        allowed = torch.zeros(VOCAB, dtype=torch.bool, device=ids.device)
+        allowed[:DRAFT_VOCAB] = True
+        allowed[ids[0]] = True
+        drawn = torch.multinomial(step.scores.masked_fill(~allowed, -math.inf).softmax(dim=-1), num_samples=1)
+        return dataclasses.replace(step, token=drawn)
+
+
 def _chi_square_pvalue(
     target, draft, joint: np.ndarray, generator_cls, block_size: int = 1, score_mode: str = "round", max_draft: int = 3,
     phrases: bool = False, entropy_threshold: float | None = None, check_power: bool = True,
+    draft_vocab: int | None = None,
 ) -> float:
     config = PacerHeadConfig(
         vocab_size=VOCAB, draft_hidden_size=32, block_size=block_size, max_draft=max_draft, threshold=0.5,
@@ -172,6 +187,7 @@ def _chi_square_pvalue(
         out = target.generate(
             PROMPT.to(target.device), assistant_model=draft, pacer_head=head, do_sample=True, temperature=TEMPERATURE,
             top_k=0, max_new_tokens=4, pacer_phrases=pool, pacer_candidate_generator=generator_cls, pacer_stats=stats,
+            pacer_draft_vocab=draft_vocab,
         )
         first, second = out[0, PROMPT.shape[1] : PROMPT.shape[1] + 2].tolist()
         counts[first * VOCAB + second] += 1
@@ -231,3 +247,21 @@ def test_sampling_test_catches_broken_phrase_generator(pair_and_exact_joint, bro
     generator = scripted_rounds(seed=5, base=broken_cls, kinds=("draft",))
     pvalue = _chi_square_pvalue(*pair_and_exact_joint, generator, max_draft=max_draft, phrases=True, check_power=False)
     assert pvalue < 1e-5
+
+
+# The draft scoring part of its vocabulary (`pacer_draft_vocab`): it draws from q restricted to the allowed ids and
+# reports that q, in the paper's loop and in planned rounds.
+@pytest.mark.parametrize("phrases", [False, True])
+def test_sampling_with_a_restricted_draft_vocabulary_matches_target_distribution(pair_and_exact_joint, phrases):
+    target, draft, _ = pair_and_exact_joint
+    with torch.no_grad():
+        q = (draft(PROMPT).logits[0, -1] / TEMPERATURE).softmax(-1)
+    assert float(q[[4, 6, 7]].sum()) > 0.2, "the restriction must change the draft's q for this test to have power"
+    generator = scripted_rounds(seed=7) if phrases else PacerCandidateGenerator
+    pvalue = _chi_square_pvalue(*pair_and_exact_joint, generator, phrases=phrases, max_draft=2 if phrases else 3,
+                                draft_vocab=DRAFT_VOCAB)
+    assert pvalue > 1e-3
+
+
+def test_sampling_test_catches_a_draft_that_reports_another_vocabulary_than_it_drew_from(pair_and_exact_joint):
+    assert _chi_square_pvalue(*pair_and_exact_joint, _DrawsRestrictedReportsWhole) < 1e-5

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -39,7 +39,8 @@ class RunRecord:
             `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
         phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
             confirmed by the draft, tokens copied without it and accepted, rounds of each kind, and `rounds`: each
-            round as a row of `ROUND_FIELDS`, its seconds and the rates the planner weighed); `None` without phrases.
+            round as a row of `ROUND_FIELDS`, its seconds and the rates the planner weighed; `draft_vocab`: the id
+            limit the draft scored below, `None` for its whole vocabulary); `None` without phrases.
         stats (`PacerStats`, *optional*): the whole statistics of a pacer-hf call; not written to the records.
     """
 
@@ -191,7 +192,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
         phrases={
             "offered": stats.phrase_tokens_offered, "confirmed": stats.phrase_tokens_confirmed,
             "copied": sum(stats.copied_lengths), "copied_accepted": stats.copied_tokens_accepted,
-            "round_kinds": stats.round_kinds,
+            "round_kinds": stats.round_kinds, "draft_vocab": stats.draft_vocab,
             "rounds": [_round_row(plan) for plan in stats.plans],
         } if generate_kwargs.get("pacer_phrases") else None,
         stats=stats,
@@ -271,17 +272,19 @@ def entropy(pair: Pair, ids: torch.Tensor) -> RunRecord:
     return _timed(pair, "entropy", ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=False)
 
 
-def planned(name: str = "entropy+phrases",
-            generator: Callable | None = None) -> Callable[[Pair, torch.Tensor], RunRecord]:
+def planned(name: str = "entropy+phrases", generator: Callable | None = None,
+            **options: Any) -> Callable[[Pair, torch.Tensor], RunRecord]:
     """The entropy stop with planned rounds (a fresh pool per prompt; `generate()`'s default): each round copies,
     drafts or steps, as the round planner finds faster. The README's recommended call, as method `name`; `generator`:
     the `pacer_candidate_generator` to plan with instead of generate()'s own (`eval.research.planner_ab` runs an
-    earlier commit's planner through it)."""
+    earlier commit's planner through it); `options`: more `generate()` arguments (`eval.research.draft_vocab` passes
+    `pacer_draft_vocab`)."""
 
     def run(pair: Pair, ids: torch.Tensor) -> RunRecord:
         head = PacerHead.entropy_stop(pair.draft, pair.entropy_threshold)
         chosen = {"pacer_candidate_generator": generator} if generator is not None else {}
-        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True, **chosen)
+        return _timed(pair, name, ids, assistant_model=pair.draft, pacer_head=head, pacer_phrases=True, **chosen,
+                      **options)
 
     return run
 
