@@ -48,6 +48,7 @@ class DraftVocabulary:
 
     def __init__(self, model: PreTrainedModel, limit: int):
         layer = model.get_output_embeddings()
+        self._source = (weakref.ref(layer), _weight_key(layer.weight))  # what it was built from
         self.limit = limit
         self.rows = layer.weight.shape[0]
         self.weight = _dense_weight(model, layer)  # [R, H]
@@ -62,6 +63,12 @@ class DraftVocabulary:
         if self.bias is not None:
             first.bias.data = self.bias[: self.limit]
         return PrepackedLinear(first) if isinstance(layer, PrepackedLinear) else first
+
+    def fits(self, model: PreTrainedModel) -> bool:
+        """Whether `model`'s output layer is still the one this was built from (not replaced, moved or cast since)."""
+        layer, key = self._source
+        current = model.get_output_embeddings()
+        return current is layer() and _weight_key(current.weight) == key
 
     def allowed_extra(self, seen: torch.LongTensor) -> torch.LongTensor:
         """The ids of `seen` `[1, L]` at or past `limit` that the layer has rows for, once each: `[E]`."""
@@ -99,6 +106,12 @@ class DraftVocabulary:
         return self.verified
 
 
+def _weight_key(weight: torch.Tensor) -> tuple:
+    """Where a weight lives: moving or casting it (`model.to(...)`) changes this (a prepacked one cannot move)."""
+    dense = weight.layout != torch._mkldnn
+    return weight.device, weight.dtype, tuple(weight.shape), weight.data_ptr() if dense else id(weight)
+
+
 def _dense_weight(model: PreTrainedModel, layer: nn.Module) -> torch.Tensor:
     """The output layer's weight `[R, H]` in the dense layout: prepacking keeps a tied weight's dense original in the
     input embeddings; an untied prepacked weight is copied back out of oneDNN's layout."""
@@ -115,13 +128,15 @@ _BY_MODEL: "weakref.WeakKeyDictionary[nn.Module, dict[int, DraftVocabulary | Non
 
 
 def draft_vocabulary(model: PreTrainedModel, limit: int | None) -> DraftVocabulary | None:
-    """The restricted output layer of `model` for `limit`, built on first use and kept while the model lives; None
-    for the whole vocabulary: no limit, a limit at or past the layer's rows, a model whose forward cannot skip its
-    own output layer (no `logits_to_keep`), a layer that is not a plain linear one, or a model whose check failed."""
+    """The restricted output layer of `model` for `limit`, built on first use and kept while the model and its output
+    layer stay as they were (rebuilt after `model.to(...)` or a new layer). None for the whole vocabulary: no limit,
+    a limit at or past the layer's rows, a model whose forward cannot skip its own output layer (no
+    `logits_to_keep`), a layer that is not a plain linear one, or a model whose check failed."""
     if limit is None:
         return None
     by_limit = _BY_MODEL.setdefault(model, {})
-    if limit not in by_limit:
+    built = by_limit.get(limit)
+    if limit not in by_limit or (built is not None and not built.fits(model)):
         layer = model.get_output_embeddings()
         plain = isinstance(layer, (nn.Linear, PrepackedLinear)) and layer.weight.dim() == 2
         usable = plain and limit < layer.weight.shape[0] and model._supports_logits_to_keep()

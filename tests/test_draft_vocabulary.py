@@ -77,6 +77,16 @@ def test_a_prepacked_tied_layer_keeps_the_same_logits():
     assert model.vocabulary.verified
 
 
+def test_a_model_moved_or_cast_after_a_call_gets_a_rebuilt_layer():
+    draft = tiny_model("llama")
+    DraftModel(draft, None, draft.config.vocab_size, LIMIT).forward(PROMPT, [])
+    draft.to(torch.float64)  # new weight storage: a layer built on the old one would read stale weights
+    restricted, _ = DraftModel(draft, None, draft.config.vocab_size, LIMIT).forward(PROMPT, [50])
+    full, _ = DraftModel(draft, None, draft.config.vocab_size).forward(PROMPT, [50])
+    allowed = _allowed(draft.config.vocab_size, LIMIT, [*PROMPT[0].tolist(), 50])
+    torch.testing.assert_close(restricted[..., allowed], full[..., allowed])
+
+
 # "planned": generate()'s own planner; "scripted": rounds that copy, draft and step at random; "paper": every round drafts
 @pytest.mark.parametrize("rounds", ["planned", "scripted", "paper"])
 @pytest.mark.parametrize("head_kind", ["always", "entropy"])
