@@ -9,8 +9,8 @@ Two sources, looked up by the last 3, 2 or 1 tokens of the context (the longest 
 - the live sequence (prompt + output of the current `generate()` call), indexed incrementally as tokens are
   accepted: a key maps to every position its n-gram ended at. [`lookup`] reads the phrase after the occurrence whose
   preceding tokens match the context furthest back (the latest one among equals); [`lookup_earliest`] after the
-  earliest occurrence, transformers' prompt-lookup rule, which often finds the source passage a summary or an
-  extraction copies from;
+  earliest occurrence of the last 2 tokens, else of the last one: transformers' prompt-lookup rule exactly, which
+  often finds the source passage a summary or an extraction copies from;
 - stored phrases, bounded and evicted least recently used: the target's tokens on rejected branches, the rejected
   draft suffix, and (warm start) the sequences of earlier calls with the same pool.
 
@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 KEY_LENGTHS = (3, 2, 1)
+# transformers' prompt lookup matches the last 2 tokens, else the last 1 (`max_matching_ngram_size`'s default)
+PROMPT_LOOKUP_KEY_LENGTHS = (2, 1)
 # How far back a live-sequence match is followed, and how many of a key's latest occurrences are compared: the
 # occurrence whose context matches furthest back is the likeliest to continue as the text does now.
 MAX_MATCH_LENGTH = 32
@@ -64,6 +66,10 @@ class PhrasePool:
             Most phrase tokens fed to the draft beside its own input in one forward, for it to confirm, and kept per
             stored phrase. (Copies sent without the draft read the live sequence as far as the planner finds worth.)
     """
+
+    # The keys [`lookup_earliest`] tries, longest first (a subset of `KEY_LENGTHS`, the lengths indexed):
+    # transformers' rule; eval.research.lookup_ab runs others.
+    prompt_lookup_keys: tuple[int, ...] = PROMPT_LOOKUP_KEY_LENGTHS
 
     def __init__(self, max_phrases: int = 65536, phrase_length: int = 8):
         for name, value in (("max_phrases", max_phrases), ("phrase_length", phrase_length)):
@@ -180,10 +186,11 @@ class PhrasePool:
 
     def lookup_earliest(self, context: Sequence[int], max_length: int) -> Phrase:
         """What transformers' prompt lookup would send after `context`: the live sequence after the earliest
-        occurrence of the longest key that matches (its match counted like [`lookup`]'s); [`NO_PHRASE`] if none."""
+        occurrence of its last 2 tokens, else of its last token (its match counted like [`lookup`]'s);
+        [`NO_PHRASE`] if none."""
         if max_length <= 0:
             return NO_PHRASE
-        for n in KEY_LENGTHS:
+        for n in self.prompt_lookup_keys:
             starts = self._positions.get(tuple(context[len(context) - n :])) if len(context) >= n else None
             if starts is not None:
                 start = starts[0]

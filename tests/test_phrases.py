@@ -105,10 +105,32 @@ def test_earliest_lookup_is_prompt_lookups_rule():
     pool = PhrasePool()
     pool.start_sequence([5, 1, 2, 3, 7, 8, 1, 2, 3, 9, 4, 1, 2, 3, 6])
     earliest = pool.lookup_earliest([4, 1, 2, 3], 4)
-    assert (earliest.tokens, earliest.source) == ([7, 8, 1, 2], "earliest")  # the first occurrence of (1, 2, 3)
+    assert (earliest.tokens, earliest.source) == ([7, 8, 1, 2], "earliest")  # the first occurrence of (2, 3)
     assert earliest.match_length == 3  # preceded by 5 there, by 4 here
     assert pool.lookup_earliest([0, 5, 1, 2, 3], 2).match_length == 4
     assert pool.lookup_earliest([42], 4).tokens == []
+    # a 2-token key, as transformers matches, not the 3-token key `lookup` prefers: (8, 2, 3) occurs only at the end,
+    # (2, 3) first after 1
+    pool.start_sequence([1, 2, 3, 4, 8, 2, 3, 5])
+    assert pool.lookup_earliest([8, 2, 3], 2).tokens == [4, 8]
+    assert pool.lookup([8, 2, 3], 2).tokens == [5]
+
+
+def test_earliest_lookup_sends_what_transformers_prompt_lookup_sends():
+    """On random token streams, `lookup_earliest` proposes exactly the candidates of transformers'
+    `PromptLookupCandidateGenerator` (10 tokens, its default 2-token match) wherever that finds any."""
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    generator = PromptLookupCandidateGenerator(num_output_tokens=10, max_length=10_000)
+    rng = random.Random(1)
+    for trial in range(20):
+        tokens = [rng.randrange(6) for _ in range(40 + trial)]
+        pool = PhrasePool()
+        pool.start_sequence(tokens)
+        candidates, _ = generator.get_candidates(torch.tensor([tokens]))
+        theirs = candidates[0, len(tokens):].tolist()
+        assert pool.lookup_earliest(tokens, 10).tokens == theirs, trial
 
 
 def test_incremental_index_equals_one_scan():
