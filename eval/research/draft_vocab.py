@@ -12,10 +12,9 @@ its own cost estimate (`costs_for` is per limit), so they run interleaved beside
 Every other argument is the harness's (`pacer-hf bench --help`).
 """
 
-import argparse
 import sys
 
-from eval.research.planner_ab import bench_with
+from eval.research.planner_ab import variants_main
 from pacer_hf.bench import methods
 
 
@@ -28,12 +27,8 @@ def vocab_method(limit: int) -> tuple[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vocab", required=True, nargs="+", type=int,
-                        help="the limits K to run, one method `planned+vocab{K // 1024}k` each (0: the whole vocabulary)")
-    args, bench_argv = parser.parse_known_args(argv)
-    bench_with(dict(vocab_method(limit) for limit in args.vocab), bench_argv, prog="python -m eval.research.draft_vocab")
-
+    variants_main(argv, __doc__, "--vocab", vocab_method, type=int, prog="python -m eval.research.draft_vocab",
+                  help="the limits K to run, one method `planned+vocab{K // 1024}k` each (0: the whole vocabulary)")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

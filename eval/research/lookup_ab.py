@@ -12,10 +12,9 @@ look-up trying the last 3 tokens first (the rule before 2026-12-06), with its ow
 Every other argument is the harness's (`pacer-hf bench --help`).
 """
 
-import argparse
 import sys
 
-from eval.research.planner_ab import bench_with
+from eval.research.planner_ab import variants_main
 from pacer_hf.bench import methods
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
 from pacer_hf.phrases import KEY_LENGTHS
@@ -39,12 +38,8 @@ def keys_method(spec: str) -> tuple[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keys", required=True, nargs="+",
-                        help="key lengths of the earliest look-up, longest first, one method `earliest@KEYS` each")
-    args, bench_argv = parser.parse_known_args(argv)
-    bench_with(dict(keys_method(spec) for spec in args.keys), bench_argv, prog="python -m eval.research.lookup_ab")
-
+    variants_main(argv, __doc__, "--keys", keys_method, prog="python -m eval.research.lookup_ab",
+                  help="key lengths of the earliest look-up, longest first, one method `earliest@KEYS` each")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

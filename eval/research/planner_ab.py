@@ -101,12 +101,17 @@ def planner_method(rev: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rev", required=True, nargs="+",
-                        help="the commits whose planners run as methods `planner@REV`, one each")
+    variants_main(argv, __doc__, "--rev", planner_method, prog="python -m eval.research.planner_ab",
+                  help="the commits whose planners run as methods `planner@REV`, one each")
+
+
+def variants_main(argv: list[str] | None, doc: str, flag: str, method, prog: str, help: str, type=str) -> None:
+    """A research command: `flag` takes one or more values, `method(value)` gives each one's `(name, method)`, and
+    every other argument is the harness's (`bench_with`)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(flag, dest="values", required=True, nargs="+", type=type, help=help)
     args, bench_argv = parser.parse_known_args(argv)
-    earlier = dict(planner_method(rev) for rev in args.rev)
-    bench_with(earlier, bench_argv, prog="python -m eval.research.planner_ab")
+    bench_with(dict(method(value) for value in args.values), bench_argv, prog=prog)
 
 
 def bench_with(extra: dict, bench_argv: list[str], prog: str) -> None:
