@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 KEY_LENGTHS = (3, 2, 1)
-# transformers' prompt lookup matches the last 2 tokens, else the last 1 (`max_matching_ngram_size`'s default)
-PROMPT_LOOKUP_KEY_LENGTHS = (2, 1)
 # How far back a live-sequence match is followed, and how many of a key's latest occurrences are compared: the
 # occurrence whose context matches furthest back is the likeliest to continue as the text does now.
 MAX_MATCH_LENGTH = 32
@@ -68,8 +66,9 @@ class PhrasePool:
     """
 
     # The keys [`lookup_earliest`] tries, longest first (a subset of `KEY_LENGTHS`, the lengths indexed):
-    # transformers' rule; eval.research.lookup_ab runs others.
-    prompt_lookup_keys: tuple[int, ...] = PROMPT_LOOKUP_KEY_LENGTHS
+    # transformers' prompt lookup matches the last 2 tokens, else the last 1 (`max_matching_ngram_size`'s default);
+    # eval.research.lookup_ab runs others.
+    prompt_lookup_keys: tuple[int, ...] = (2, 1)
 
     def __init__(self, max_phrases: int = 65536, phrase_length: int = 8):
         for name, value in (("max_phrases", max_phrases), ("phrase_length", phrase_length)):
