@@ -27,8 +27,10 @@ def vocab_method(limit: int) -> tuple[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    variants_main(argv, __doc__, "--vocab", vocab_method, type=int, prog="python -m eval.research.draft_vocab",
-                  help="the limits K to run, one method `planned+vocab{K // 1024}k` each (0: the whole vocabulary)")
+    variants_main(argv, __doc__, "--vocab", vocab_method, value_type=int, prog="python -m eval.research.draft_vocab",
+                  help_text="the limits K to run, one method `planned+vocab{K // 1024}k` each "
+                            "(0: the whole vocabulary)")
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

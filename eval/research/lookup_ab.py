@@ -7,7 +7,8 @@ earliest occurrence of the context's last 2 tokens, else its last token: transfo
 look-up trying the last 3 tokens first (the rule before 2026-12-06), with its own cost estimate:
 
     python -m eval.research.lookup_ab --keys 3-2-1 --pair qwen2.5-coder --dtype bfloat16 --prepack \\
-        --prompts humaneval:100:6 --methods prompt-lookup-k10 entropy+phrases earliest@3-2-1 --out eval/results/lookup-ab
+        --prompts humaneval:100:6 --methods prompt-lookup-k10 entropy+phrases earliest@3-2-1 \\
+        --out eval/results/lookup-ab
 
 Every other argument is the harness's (`pacer-hf bench --help`).
 """
@@ -39,7 +40,8 @@ def keys_method(spec: str) -> tuple[str, object]:
 
 def main(argv: list[str] | None = None) -> None:
     variants_main(argv, __doc__, "--keys", keys_method, prog="python -m eval.research.lookup_ab",
-                  help="key lengths of the earliest look-up, longest first, one method `earliest@KEYS` each")
+                  help_text="key lengths of the earliest look-up, longest first, one method `earliest@KEYS` each")
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -102,14 +102,15 @@ def planner_method(rev: str):
 
 def main(argv: list[str] | None = None) -> None:
     variants_main(argv, __doc__, "--rev", planner_method, prog="python -m eval.research.planner_ab",
-                  help="the commits whose planners run as methods `planner@REV`, one each")
+                  help_text="the commits whose planners run as methods `planner@REV`, one each")
 
 
-def variants_main(argv: list[str] | None, doc: str, flag: str, method, prog: str, help: str, type=str) -> None:
+def variants_main(argv: list[str] | None, doc: str, flag: str, method, prog: str, help_text: str,
+                  value_type: type = str) -> None:
     """A research command: `flag` takes one or more values, `method(value)` gives each one's `(name, method)`, and
     every other argument is the harness's (`bench_with`)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(flag, dest="values", required=True, nargs="+", type=type, help=help)
+    parser.add_argument(flag, dest="values", required=True, nargs="+", type=value_type, help=help_text)
     args, bench_argv = parser.parse_known_args(argv)
     bench_with(dict(method(value) for value in args.values), bench_argv, prog=prog)
 
