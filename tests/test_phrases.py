@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from pacer_hf import PacerCandidateGenerator, PacerStats, PhrasePool, phrases, planner
 from pacer_hf.phrase_drafting import PhraseCandidateGenerator
@@ -119,9 +120,6 @@ def test_earliest_lookup_is_prompt_lookups_rule():
 def test_earliest_lookup_sends_what_transformers_prompt_lookup_sends():
     """On random token streams, `lookup_earliest` proposes exactly the candidates of transformers'
     `PromptLookupCandidateGenerator` (10 tokens, its default 2-token match) wherever that finds any."""
-    import torch
-    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
-
     generator = PromptLookupCandidateGenerator(num_output_tokens=10, max_length=10_000)
     rng = random.Random(1)
     for trial in range(20):

@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> None:
                   help_text="the commits whose planners run as methods `planner@REV`, one each")
 
 
-def variants_main(argv: list[str] | None, doc: str, flag: str, method, prog: str, help_text: str,
-                  value_type: type = str) -> None:
+def variants_main(argv: list[str] | None, doc: str, flag: str, method: Callable[..., tuple[str, object]],
+                  prog: str, help_text: str, value_type: type = str) -> None:
     """A research command: `flag` takes one or more values, `method(value)` gives each one's `(name, method)`, and
     every other argument is the harness's (`bench_with`)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
