@@ -421,7 +421,7 @@ def collect(env: dict, records: list[dict], draft, tokenizer, per_set: int | Non
         output = plain["tokens"]
         rows.append({
             "set": prompt.set_name, "prompt_id": prompt.prompt_id, "prompt_tokens": len(ids), "prompt": ids,
-            "output": output,
+            "output": output, "eos": eos,
             "records": by_prompt[key], "draft_methods": draft_methods & set(by_prompt[key]),
             "rules": {name: replay_rounds(ids, output, rule)
                       for name, rule in look_up_rules(len(ids) + len(output), eos, lookup_lengths).items()},
