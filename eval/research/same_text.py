@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from eval.research.phrase_bound import StepCosts, PromptLookup, fit_costs, load_rows, predict, replay_rounds
+from eval.research.phrase_bound import PromptLookup, StepCosts, fit_costs, load_rows, predict, replay_rounds
 
 AUTOREGRESSIVE = "autoregressive"
 
@@ -45,9 +45,19 @@ def lookup_seconds(row: dict, tokens: list[int], num_tokens: int, costs: StepCos
     return predict(costs, prefill, rounds)
 
 
-def _rate(prompts: list[dict], tokens: str, seconds: str) -> float:
-    """Mean tokens/s over `prompts` (each a dict of token counts and seconds), as the bench report averages."""
-    return statistics.mean(p[tokens] / p[seconds] for p in prompts)
+def _rate(prompts: list[dict], seconds: str) -> float:
+    """Mean tokens/s over `prompts` ([`_timings`]) at their `seconds` ("measured" or "lookup"), as the bench report
+    averages."""
+    return statistics.mean(p["tokens"] / p[seconds] for p in prompts)
+
+
+def _timings(rows: list[dict], method: str, num_tokens: int, costs: StepCosts,
+             prefill: dict[tuple, float]) -> list[dict]:
+    """Per prompt of one set: the method's new tokens, its measured seconds, and prompt lookup's modelled seconds on
+    the method's text."""
+    return [{"tokens": len(r["records"][method]["tokens"]), "measured": r["records"][method]["wall_s"],
+             "lookup": lookup_seconds(r, r["records"][method]["tokens"], num_tokens, costs,
+                                      prefill[(r["set"], r["prompt_id"])])} for r in rows]
 
 
 def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, float],
@@ -59,23 +69,18 @@ def compare(rows: list[dict], costs: dict[str, StepCosts], prefill: dict[tuple, 
     for set_name in dict.fromkeys(row["set"] for row in rows):
         set_rows = [row for row in rows if row["set"] == set_name]
         methods = [m for m in set_rows[0]["records"] if m != AUTOREGRESSIVE and not m.startswith("prompt-lookup-k")]
-        result[set_name] = {"prompts": len(set_rows), "methods": {}}
+        result[set_name] = {"prompts": len(set_rows), "check": {}, "methods": {}}
         for k in lookup_lengths:
             reference = f"prompt-lookup-k{k}"
-            own = [{"n": len(r["records"][reference]["tokens"]), "measured": r["records"][reference]["wall_s"],
-                    "modelled": lookup_seconds(r, r["records"][reference]["tokens"], k, costs[set_name],
-                                               prefill[(set_name, r["prompt_id"])])} for r in set_rows]
-            check = _rate(own, "n", "modelled") / _rate(own, "n", "measured")
-            result[set_name].setdefault("check", {})[reference] = check
+            own = _timings(set_rows, reference, k, costs[set_name], prefill)
+            check = result[set_name]["check"][reference] = _rate(own, "lookup") / _rate(own, "measured")
             for method in methods:
-                prompts = [{"n": len(r["records"][method]["tokens"]), "measured": r["records"][method]["wall_s"],
-                            "lookup": lookup_seconds(r, r["records"][method]["tokens"], k, costs[set_name],
-                                                     prefill[(set_name, r["prompt_id"])])} for r in set_rows]
-                same_text = _rate(prompts, "n", "measured") / _rate(prompts, "n", "lookup")
+                timings = _timings(set_rows, method, k, costs[set_name], prefill)
+                same_text = _rate(timings, "measured") / _rate(timings, "lookup")
                 entry = result[set_name]["methods"].setdefault(method, {
                     "equal_to_autoregressive": sum(r["records"][method]["tokens"] == r["output"] for r in set_rows)})
                 entry[reference] = {
-                    "measured": _rate(prompts, "n", "measured") / _rate(own, "n", "measured"),
+                    "measured": _rate(timings, "measured") / _rate(own, "measured"),
                     "same_text": same_text, "same_text_corrected": same_text * check,
                     "equal_texts": sum(r["records"][method]["tokens"] == r["records"][reference]["tokens"]
                                        for r in set_rows),
