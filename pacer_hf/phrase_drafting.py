@@ -50,7 +50,6 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         phrases.start_sequence(input_ids[0].tolist())
         self.planner = self.planner_class(costs if costs is not None else CallCosts(),
                                           self.main_model_max_length - input_ids.shape[1])
-        self._prompt_length = input_ids.shape[1]
         self._draft_started = False
         self._round_start = 0.0
         self._round_length = 0  # tokens in the sequence when the round in flight was proposed
@@ -68,12 +67,6 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
     def _propose(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
         self.phrases.extend(input_ids[0, self.phrases.sequence_length :].tolist())
         options = self.phrases.copy_options(input_ids[0].tolist(), MAX_COPY_TOKENS)
-        if input_ids.shape[1] == self._prompt_length:
-            # The context ends with the prompt's last tokens: in a chat model the template's header of the answer,
-            # whose earlier occurrences go on with the template (another turn, the system prompt), never with the
-            # answer (20 of 20 such copies wrong at their first token on the tuning prompts). Copies from the
-            # sequence start with the answer; a phrase stored by an earlier call may still begin it.
-            options = [option for option in options if option.source == "stored"]
         plan = self.planner.plan(options, room, draft_room, self.draft.missing(input_ids), self._draft_started)
         if plan.kind == "step":
             self._tail = NO_PHRASE

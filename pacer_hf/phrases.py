@@ -82,6 +82,7 @@ class PhrasePool:
         self._sequence: list[int] = []  # the live sequence (prompt + accepted output)
         self._positions: dict[tuple[int, ...], list[int]] = {}  # n-gram -> starts of the tokens that followed it
         self._indexed = 1  # starts below this are indexed; a start needs one token before it and one at it
+        self._prompt_length = 0  # of the current call's sequence
         self._user: object | None = None  # the generate() call whose sequence the pool follows
         self._lock = threading.Lock()
 
@@ -123,6 +124,7 @@ class PhrasePool:
         for key, starts in self._positions.items():
             self._store(key, self._sequence[starts[-1] : starts[-1] + self.phrase_length])
         self._sequence, self._positions, self._indexed = [], {}, 1
+        self._prompt_length = len(prompt)
         self.extend(prompt)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -199,11 +201,19 @@ class PhrasePool:
 
     def copy_options(self, context: Sequence[int], max_length: int) -> list[Phrase]:
         """The continuations worth copying after `context`, once each: [`lookup`]'s (the furthest-matching occurrence,
-        or a stored phrase) and [`lookup_earliest`]'s (prompt lookup's rule)."""
+        or a stored phrase) and [`lookup_earliest`]'s (prompt lookup's rule).
+
+        Right after the prompt only stored phrases: there the context ends with the prompt's last tokens, in a chat
+        model the template's header of the answer, whose earlier occurrences go on with the template (another turn,
+        the system prompt), never with the answer (20 of 20 such copies wrong at their first token on the tuning
+        prompts). Copies from the sequence start with the answer; a phrase stored by an earlier call may still
+        begin it."""
         options: list[Phrase] = []
         for phrase in (self.lookup(context, max_length), self.lookup_earliest(context, max_length)):
             if phrase.tokens and all(phrase.tokens != other.tokens for other in options):
                 options.append(phrase)
+        if len(context) == self._prompt_length:
+            options = [option for option in options if option.source == "stored"]
         return options
 
     def _furthest_match(self, starts: list[int], context: Sequence[int], key_length: int) -> tuple[int, int]:
@@ -228,4 +238,4 @@ class PhrasePool:
     def clear(self) -> None:
         """Forgets every stored phrase and the live sequence."""
         self._stored.clear()
-        self._sequence, self._positions, self._indexed = [], {}, 1
+        self._sequence, self._positions, self._indexed, self._prompt_length = [], {}, 1, 0

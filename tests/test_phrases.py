@@ -117,6 +117,20 @@ def test_earliest_lookup_is_prompt_lookups_rule():
     assert pool.lookup([8, 2, 3], 2).tokens == [5]
 
 
+def test_copy_options_right_after_the_prompt_are_only_stored_phrases():
+    """The prompt's end (a chat template's answer header) recurs earlier only before other turns: right after the
+    prompt the pool offers no copy of the sequence, only what an earlier call stored; once the answer has a token,
+    the sequence's look-ups are offered again."""
+    pool = PhrasePool()
+    prompt = [7, 8, 9, 1, 2, 3, 7, 8]
+    pool.start_sequence(prompt)
+    assert pool.lookup(prompt, 4).tokens == [9, 1, 2, 3] and pool.copy_options(prompt, 4) == []
+    pool.extend([9])
+    assert pool.copy_options(prompt + [9], 4) == [Phrase([1, 2, 3, 7], "sequence", 3)]
+    pool.start_sequence([5, 6, 7, 8])  # the earlier call's sequence is now stored phrases: (7, 8) went on with 9
+    assert pool.copy_options([5, 6, 7, 8], 4) == [Phrase([9], "stored", 2)]
+
+
 def test_earliest_lookup_sends_what_transformers_prompt_lookup_sends():
     """On random token streams, `lookup_earliest` proposes exactly the candidates of transformers'
     `PromptLookupCandidateGenerator` (10 tokens, its default 2-token match) wherever that finds any."""

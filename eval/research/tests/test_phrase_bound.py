@@ -62,6 +62,7 @@ def test_copy_replay_sends_prefixes_of_the_pools_copy_options_and_learns():
 
     rounds = replay_rounds(prompt, output, Checking())
     assert rounds == sent and sum(rounds) > 0 and len(rounds) < len(output) / 2  # copying cut the rounds
+    assert sent[0] == 0  # as in generate(), the first round copies nothing from the prompt's end
 
 
 def test_look_up_rules_are_prompt_lookups_lengths():
