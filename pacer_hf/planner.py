@@ -17,7 +17,8 @@ time and the output stays exactly the target's:
   forward that feeds n tokens (small n, and the per-token rate of long catch-ups), fitted online from timed rounds on
   top of priors, and remembered for the pair across the calls of a process ([`costs_for`]);
 - acceptance ([`CopyAcceptance`], [`DraftAcceptance`]): how copies of each source and match length, and the draft's
-  recent rounds (tokens, seconds, acceptance), fared so far in this call.
+  recent rounds (tokens, seconds, acceptance), fared so far in this call; copies start from the pair's previous call
+  (`CARRIED_COPIES`).
 
 Verification is priced apart from a plain step because machines differ there most: on a GPU, or a CPU with bfloat16
 matrix units, verifying a few candidates costs about one step; on a CPU without them it costs about two.
@@ -97,6 +98,15 @@ COPY_PRIOR_WEIGHT = 3.0
 # its copies, the tokens the estimates promised with the tokens accepted, and scales a copy's first-token probability by
 # that ratio (at most 1), starting from this many tokens of agreement.
 CALIBRATION_PRIOR_TOKENS = 2.0
+# A call starts from the copies of the pair's previous call in this process, as the costs do ([`costs_for`]): a short
+# answer has one to three copies, too few for its own evidence to pull the priors (medians over nine kinds of text)
+# down where its text does not copy. On the Intel bar v7 the planned calls that drafted (open text) had a copy's first
+# token accepted 11% (ShareGPT), 17% (translation), 20% (qa) and 22% (writing) of the time against priors of 25-90%:
+# translation's six calls sent 12 copies for 2 accepted tokens, each a target call that a draft round would have
+# used. The previous call's counts are carried scaled down to at most this many copies (or tokens that reached a
+# position) a cell, the weight of the priors, so that a process whose text changes kind learns the new one from a
+# call's first few copies, while the previous call's kind of text, not the median's, is where a call starts.
+CARRIED_COPIES = COPY_PRIOR_WEIGHT
 # The draft's prior round: 3 tokens drafted in 3 forwards, 2.4 of them accepted, about what the entropy stop's rounds
 # achieved on the tuning prompts of every kind (accepted / drafted 0.6-0.9, median 0.85: chat 2.7 of 2.9, qa 2.3 of
 # 2.7, writing 2.2 of 2.6; eval/results/planner-tuning-qwen-bf16-prepack.md). Optimistic on purpose: a call tries the
@@ -421,6 +431,8 @@ class CallCosts:
 
 
 _COSTS: "weakref.WeakKeyDictionary[object, dict[tuple[int, int | None], CallCosts]]" = weakref.WeakKeyDictionary()
+# The copies of the last call planned with each cost estimate (one per pair in a process: `CARRIED_COPIES`).
+_LAST_COPIES: "weakref.WeakKeyDictionary[CallCosts, CopyAcceptance]" = weakref.WeakKeyDictionary()
 
 
 def costs_for(target: object, draft: object, draft_vocab: int | None = None) -> CallCosts:
@@ -458,14 +470,21 @@ class CopyAcceptance:
     rate for every next token: four copies stopped after their first token and one accepted for 40 tokens say that a
     second token is accepted 1 time in 5, and that the 10th is once the 9th was; one rate learnt from every next token
     would put both near 0.9. And a call whose copies get fewer tokens than these estimates promised scales every copy's
-    first-token probability by the ratio (`calibration`, `CALIBRATION_PRIOR_TOKENS`)."""
+    first-token probability by the ratio (`calibration`, `CALIBRATION_PRIOR_TOKENS`).
+
+    Args:
+        previous ([`CopyAcceptance`], *optional*): the pair's previous call, whose counts this one starts from, scaled
+            down to the priors' weight (`CARRIED_COPIES`).
+    """
 
     prior_weight: float = COPY_PRIOR_WEIGHT  # in copies (eval.research.copy_rules weighs its priors otherwise)
 
-    def __init__(self) -> None:
+    def __init__(self, previous: "CopyAcceptance | None" = None) -> None:
         self._first: dict[tuple, list[float]] = {}  # () or (source, bucket) -> [copies, first accepted]
         self._next: dict[tuple, list[float]] = {}  # (position bucket[, source, bucket]) -> [reached, accepted]
         self._promised = self._accepted = 0.0  # over the call's copies: expected accepted tokens, and accepted
+        if previous is not None:  # the pair's previous call (`CARRIED_COPIES`); the calibration is each call's own
+            self._first, self._next = _carried(previous._first), _carried(previous._next)
 
     def _blend(self, counts: list[float] | None, prior: float) -> float:
         return blend(counts, prior, self.prior_weight)
@@ -514,6 +533,12 @@ class CopyAcceptance:
             for key in (at, at + cell):
                 counts = self._next.setdefault(key, [0.0, 0.0])
                 counts[0], counts[1] = counts[0] + 1, counts[1] + (position <= accepted)
+
+
+def _carried(counts: dict[tuple, list[float]]) -> dict[tuple, list[float]]:
+    """`counts` ([tries, hits] a cell) scaled down to at most `CARRIED_COPIES` tries a cell."""
+    return {key: [n * min(1.0, CARRIED_COPIES / n), k * min(1.0, CARRIED_COPIES / n)]
+            for key, (n, k) in counts.items() if n > 0}
 
 
 class DraftAcceptance:
@@ -607,7 +632,8 @@ class RoundPlanner:
 
     def __init__(self, costs: CallCosts, max_new_tokens: int):
         self.costs = costs
-        self.copies = CopyAcceptance()
+        self.copies = CopyAcceptance(_LAST_COPIES.get(costs))
+        _LAST_COPIES[costs] = self.copies  # this call's copies start the pair's next call
         self.drafts = DraftAcceptance()
         self.confirmations = Confirmations()
         self.max_new_tokens = max_new_tokens

@@ -8,7 +8,7 @@ import pytest
 
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
-    CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, DRAFT_MARGIN, EXPECTED_ANSWER_TOKENS, FREE_VERIFY,
+    CARRIED_COPIES, CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, DRAFT_MARGIN, EXPECTED_ANSWER_TOKENS, FREE_VERIFY,
     MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY,
     STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, CopyAcceptance, Plan, RoundPlanner, costs_for,
 )
@@ -313,6 +313,47 @@ def test_the_planner_learns_copy_acceptance_within_the_call_pooled_over_look_ups
         planner.copies.observe(short_match, sent=10, accepted=10)
     p_first, p_next = planner.copies.hazards(short_match, 2)
     assert p_first > 0.5 and p_next > nxt
+
+
+def test_a_call_starts_from_the_copies_of_the_pairs_previous_call():
+    """Short answers on text that does not copy (translation, qa) have one to three copies each, too few to pull the
+    priors down within the call: the next call of the pair starts from what the previous one's copies got, weighed as
+    the priors are, so it drafts where a fresh call would send a copy; a call of another pair starts fresh, and the
+    calibration is each call's own."""
+    costs = _costs(step=0.3, verify=0.33, per_token=0.002, draft=0.06)
+    copy = _likely(length=8, match=3)
+
+    def first_plan(planner: RoundPlanner) -> str:
+        planner.drafts.observe(drafted=3, accepted=2, seconds=0.18, end="head")
+        return planner.plan([copy], room=64, draft_room=16, draft_missing=1, draft_started=True).kind
+
+    assert first_plan(RoundPlanner(costs, max_new_tokens=32)) == "copy"
+    answer = RoundPlanner(costs, max_new_tokens=32)
+    for _ in range(3):
+        answer.copies.observe(copy, sent=8, accepted=0)
+    assert answer.copies.calibration < 1.0
+    after = RoundPlanner(costs, max_new_tokens=32)
+    assert after.copies.calibration == 1.0
+    assert after.copies.hazards(copy, 1)[0] < 0.5 * RoundPlanner(_costs(), 32).copies.hazards(copy, 1)[0]
+    assert first_plan(after) == "draft"
+    assert first_plan(RoundPlanner(_costs(step=0.3, verify=0.33, per_token=0.002, draft=0.06), 32)) == "copy"
+
+
+def test_carried_copies_weigh_no_more_than_the_priors():
+    """However many copies failed in the previous call, a call whose text copies pulls the estimate up from its first
+    few copies, as it would from the priors."""
+    costs = _costs()
+    copy = _likely(length=20, match=3)
+    long_answer = RoundPlanner(costs, max_new_tokens=128)
+    for _ in range(40):
+        long_answer.copies.observe(copy, sent=20, accepted=0)
+    summary = RoundPlanner(costs, max_new_tokens=128)
+    assert summary.copies.hazards(copy, 1)[0] < 0.5 * RoundPlanner(_costs(), 128).copies.hazards(copy, 1)[0]
+    assert all(n <= CARRIED_COPIES for n, _ in summary.copies._first.values())
+    assert all(n <= CARRIED_COPIES for n, _ in summary.copies._next.values())
+    for _ in range(3):
+        summary.copies.observe(copy, sent=20, accepted=20)
+    assert summary.copies.hazards(copy, 1)[0] > 0.45
 
 
 def test_copy_acceptance_is_learnt_by_position():
