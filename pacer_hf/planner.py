@@ -537,8 +537,12 @@ class CopyAcceptance:
 
 def _carried(counts: dict[tuple, list[float]]) -> dict[tuple, list[float]]:
     """`counts` ([tries, hits] a cell) scaled down to at most `CARRIED_COPIES` tries a cell."""
-    return {key: [n * min(1.0, CARRIED_COPIES / n), k * min(1.0, CARRIED_COPIES / n)]
-            for key, (n, k) in counts.items() if n > 0}
+    carried = {}
+    for key, (tries, hits) in counts.items():
+        if tries > 0:
+            scale = min(1.0, CARRIED_COPIES / tries)
+            carried[key] = [tries * scale, hits * scale]
+    return carried
 
 
 class DraftAcceptance:
