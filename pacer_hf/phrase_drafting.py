@@ -55,6 +55,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         self._round_length = 0  # tokens in the sequence when the round in flight was proposed
         self._tail: Phrase = NO_PHRASE  # the look-up of the copied tokens of the round in flight
         self._draft_s = 0.0  # seconds the round in flight spent drafting, without its catch-up
+        self._weighed: tuple[Phrase, int] | None = None  # the round in flight's best copy weighed, sent or not
 
     # ---- what a round sends -------------------------------------------------------------------------------
 
@@ -62,12 +63,14 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         # Every round starts here, also the last one, which the length limit leaves no room to plan (`"limit"`): timed
         # from `_propose`, it would be learnt as lasting from the round before's start and adding both rounds' tokens.
         self._round_start, self._round_length = time.perf_counter(), input_ids.shape[1]
+        self._weighed = None  # a round the limit leaves unplanned weighed no copy
         return super().get_candidates(input_ids, *args, **kwargs)
 
     def _propose(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
         self.phrases.extend(input_ids[0, self.phrases.sequence_length :].tolist())
         options = self.phrases.copy_options(input_ids[0].tolist(), MAX_COPY_TOKENS)
         plan = self.planner.plan(options, room, draft_room, self.draft.missing(input_ids), self._draft_started)
+        self._weighed = plan.weighed
         if plan.kind == "step":
             self._tail = NO_PHRASE
             candidates = self._nothing(input_ids, "step")
@@ -189,6 +192,8 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         copied = record.sent - record.drafted
         if copied and accepted >= record.drafted:  # the copied tokens were reached
             planner.copies.observe(self._tail, copied, accepted - record.drafted)
+        elif not copied and self._weighed is not None:
+            planner.copies.observe_unsent(*self._weighed, input_ids[0, self._round_length :].tolist())
         self._learn_phrases(input_ids, scores, accepted)
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:

@@ -309,6 +309,39 @@ def test_a_call_that_only_copies_never_runs_the_draft():
     assert stats.round_kinds.get("copy", 0) > 0 and calls == []
 
 
+def test_rounds_that_send_no_copy_teach_the_planner_the_copy_it_weighed():
+    """The generator hands each round that sent no copied token, with the tokens the round added, to the planner's
+    `CopyAcceptance.observe_unsent` for the best copy it weighed: on a prompt that repeats, plain steps teach how the
+    copies' first tokens would have fared, exactly as the target's own tokens say."""
+    weighed_firsts: list[int | None] = []  # per planned round: the first token of the copy weighed
+    planners = []
+
+    class Stepping(planner.RoundPlanner):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.carried = list(self.copies._first.get((), [0.0, 0.0]))  # from the pair's previous call, if any
+            planners.append(self)
+
+        def plan(self, options, room, draft_room, draft_missing, draft_started):
+            weighed = (options[0], min(4, len(options[0].tokens))) if options else None
+            weighed_firsts.append(weighed[0].tokens[0] if weighed else None)
+            return planner.Plan("step", 1.0, weighed=weighed)
+
+    generator = type("SteppingGenerator", (PhraseCandidateGenerator,), {"planner_class": Stepping})
+    target, draft = _pair("qwen2", "same")
+    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    head = make_head(draft, "always", block_size=1, max_draft=8)
+    out, stats = _generate(target, draft, head, PhrasePool(), generator, input_ids=prompt,
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    added = out[0, prompt.shape[1] :].tolist()
+    tries = [(first, token) for first, token in zip(weighed_firsts, added) if first is not None]
+    assert len(tries) >= 10 and set(stats.round_kinds) <= {"step", "limit"}
+    (call,) = planners
+    counts = [now - before for now, before in zip(call.copies._first[()], call.carried)]
+    assert counts == pytest.approx([len(tries), sum(first == token for first, token in tries)])
+
+
 def test_the_first_round_copies_nothing_from_the_prompt():
     """The prompt's end (a chat template's answer header) recurs earlier only before other turns: the first round
     drafts or steps, and copies start once the answer has."""

@@ -671,3 +671,48 @@ def test_a_machine_whose_speed_swings_does_not_bias_the_prices():
         assert costs.target(3) / costs.step() == pytest.approx(1.11, rel=0.06)
     assert costs.draft(1) / costs.step() == pytest.approx(0.4, rel=0.02)
     assert sorted(errors)[len(errors) // 2] < 0.05  # the step is the machine's speed now, but for a few calls a swing
+
+
+def test_a_round_that_sends_no_copy_learns_what_the_best_copy_weighed_would_have_got():
+    """A plain step's token says whether the best copy on offer would have started right, a draft round's tokens how
+    far it would have gone; past the tokens the round added nothing is known, and nothing is counted."""
+    copy = Phrase([5, 6, 7, 8, 9, 10], "sequence", 3)
+
+    def learnt(length: int, added: list[int]) -> tuple[dict, dict, float]:
+        copies = CopyAcceptance()
+        copies.observe_unsent(copy, length, added)
+        return copies._first, copies._next, copies.calibration
+
+    def sent(count: int, accepted: int) -> tuple[dict, dict, float]:
+        copies = CopyAcceptance()
+        copies.observe(copy, count, accepted)
+        return copies._first, copies._next, copies.calibration
+
+    assert learnt(6, [5]) == sent(1, 1)  # a step's token: the first token would have been accepted
+    assert learnt(6, [4]) == sent(1, 0)
+    assert learnt(6, [5, 6, 0]) == sent(3, 2)  # a draft round's: rejected at the third
+    assert learnt(6, [5, 6, 7]) == sent(3, 3)  # accepted as far as the round went
+    assert learnt(2, [5, 6, 7]) == sent(2, 2)  # no further than the copy weighed
+    assert learnt(6, []) == (CopyAcceptance()._first, CopyAcceptance()._next, 1.0)
+
+
+def test_steps_whose_tokens_the_best_copy_held_lead_the_call_back_to_copying():
+    """Where a verification costs 1.5 steps, two copies rejected at their first token leave copies under a step's
+    rate, and a call that steps learnt nothing more about them: on summaries it stepped tens of times where prompt
+    lookup kept copying (eval/results/virtual-unsent-copies-xeon.md). Steps whose tokens the best copy weighed held
+    bring it back to copying; steps whose tokens it missed keep it stepping."""
+    copy = Phrase(list(range(20)), "sequence", 3)
+
+    def after_steps(first_token_right: bool) -> str:
+        planner = RoundPlanner(_costs(step=0.3, verify=0.45, per_token=0.01), max_new_tokens=128)
+        for _ in range(2):
+            planner.copies.observe(copy, sent=20, accepted=0)
+        plan = planner.plan([copy], room=100, draft_room=0, draft_missing=0, draft_started=False)
+        assert plan.kind == "step" and plan.weighed == (copy, plan.weighed[1]) and plan.weighed[1] >= 1
+        for _ in range(4):
+            planner.copies.observe_unsent(*plan.weighed, [0 if first_token_right else 99])
+            plan = planner.plan([copy], room=100, draft_room=0, draft_missing=0, draft_started=False)
+        return plan.kind
+
+    assert after_steps(first_token_right=True) == "copy"
+    assert after_steps(first_token_right=False) == "step"

@@ -15,7 +15,9 @@ seconds here.
         --methods autoregressive confidence prompt-lookup-k10 entropy entropy+phrases \\
         --out eval/results/virtual-bar-open-text
 
-With `--rev REV` the earlier planners of `eval.research.planner_ab` run too. Every other argument is the harness's.
+With `--rev REV` the earlier planners of `eval.research.planner_ab` run too; `--costs XEON_AVX512_FP32` prices the
+forwards as an Intel Xeon without bfloat16 units does in float32 (`XEON_AVX512_FP32`: a verification 1.5-2 steps)
+instead of the bar's AMD EPYC. Every other argument is the harness's.
 The records' environment says `"virtual_clock"` with the cost model's constants.
 
 The cost model (`BAR_AMD_BF16`, fitted from the bar's own records, `eval/results/planner-bar-amd-v2.jsonl`, and the
@@ -62,6 +64,7 @@ class ForwardCosts:
     draft_ratio: float
     draft_prefill_s: float
     draft_prefill_per_token_s: float
+    draft_per_token_past_short: float | None = None  # of its own short forward; None: as the target's
 
     def target(self, n: int, cached: int) -> float:
         if n > self.prefill_from:
@@ -71,13 +74,17 @@ class ForwardCosts:
     def draft(self, n: int, cached: int) -> float:
         if n > self.prefill_from:
             return self.draft_prefill_s + self.draft_prefill_per_token_s * n
-        return self.draft_ratio * self._short(n, cached)
+        per_token = self.per_token_past_short if self.draft_per_token_past_short is None \
+            else self.draft_per_token_past_short
+        return self.draft_ratio * self._short(n, cached, per_token)
 
-    def _short(self, n: int, cached: int) -> float:
+    def _short(self, n: int, cached: int, per_token_past_short: float | None = None) -> float:
         step = self.step_s + self.step_per_cached_s * cached
         if n == 1:
             return step
-        return step * self.short_ratio * (1.0 + self.per_token_past_short * max(0, n - self.short_tokens))
+        if per_token_past_short is None:
+            per_token_past_short = self.per_token_past_short
+        return step * self.short_ratio * (1.0 + per_token_past_short * max(0, n - self.short_tokens))
 
 
 BAR_AMD_BF16 = ForwardCosts(
@@ -85,6 +92,19 @@ BAR_AMD_BF16 = ForwardCosts(
     prefill_from=64, prefill_s=0.360, prefill_per_token_s=6.26e-3, prefill_quadratic_s=2.10e-6,
     draft_ratio=0.42, draft_prefill_s=0.0, draft_prefill_per_token_s=5.5e-3,
 )
+# This session's kind of machine: an Intel Xeon with AVX-512 and no bfloat16 units, float32 prepacked, where a
+# verification costs 1.5-2 steps and the planner's copies fall into runs of plain steps (docs/planner.md). From its
+# cost table (eval/results/costs-qwen-fp32-prepack-xeon-avx512.md, a cache of 600 tokens): a step 283 ms, forwards of
+# 2-9 tokens 1.46-1.70 steps, 33 tokens 3.47 (a line from 1.6 at 9, 5% a token); the target's prefill 14.5-14.9 ms a
+# prompt token; the draft's forward 0.46 of the target's at one token, 300 ms for 33 (its own 2% a token past 9), its
+# prefill 86 ms + 2.92 ms a prompt token. The step's growth with the cache: the plain-decoding calls of that machine's
+# runs (eval/results/planner-aa-fp32-xeon-avx512.jsonl and the A/Bs beside it), 3.4e-5 s a cached token.
+XEON_AVX512_FP32 = ForwardCosts(
+    step_s=0.263, step_per_cached_s=3.4e-5, short_tokens=9, short_ratio=1.6, per_token_past_short=0.05,
+    prefill_from=64, prefill_s=0.0, prefill_per_token_s=1.45e-2, prefill_quadratic_s=5.3e-7,
+    draft_ratio=0.45, draft_prefill_s=0.086, draft_prefill_per_token_s=2.92e-3, draft_per_token_past_short=0.02,
+)
+COST_MODELS = {"BAR_AMD_BF16": BAR_AMD_BF16, "XEON_AVX512_FP32": XEON_AVX512_FP32}
 
 
 def _new_and_cached(args: tuple, kwargs: dict) -> tuple[int, int]:
@@ -132,7 +152,10 @@ class VirtualClock:
 
 
 def main(argv: list[str] | None = None) -> None:
-    clock = VirtualClock(BAR_AMD_BF16)
+    picker = argparse.ArgumentParser(add_help=False)
+    picker.add_argument("--costs", choices=sorted(COST_MODELS), default="BAR_AMD_BF16")
+    picked, argv = picker.parse_known_args(argv)
+    clock = VirtualClock(COST_MODELS[picked.costs])
     load_models, environment = run.load_models, run.environment
 
     def load_on_the_clock(args: argparse.Namespace):
@@ -142,12 +165,12 @@ def main(argv: list[str] | None = None) -> None:
         return models
 
     def environment_on_the_clock(*args, **kwargs) -> dict[str, Any]:
-        return {**environment(*args, **kwargs), "virtual_clock": {"model": "BAR_AMD_BF16", **asdict(clock.costs)}}
+        return {**environment(*args, **kwargs), "virtual_clock": {"model": picked.costs, **asdict(clock.costs)}}
 
     run.load_models, run.environment = load_on_the_clock, environment_on_the_clock
     clock.install()
     try:
-        if any(arg == "--rev" or arg.startswith("--rev=") for arg in (argv or [])):
+        if any(arg == "--rev" or arg.startswith("--rev=") for arg in argv):
             planner_ab.main(argv)
         else:
             run.main(argv, prog="python -m eval.research.virtual_clock")

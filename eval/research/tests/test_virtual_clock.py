@@ -62,3 +62,23 @@ def test_a_harness_run_on_the_clock_is_timed_by_the_model(tmp_path):
     assert record["prefill_s"] == pytest.approx(BAR_AMD_BF16.target(record["prompt_tokens"], 0), rel=0.05)
     assert steps < record["wall_s"] - record["prefill_s"] < steps * 1.2 + 0.5
     assert time.perf_counter is real
+
+
+def test_the_xeon_model_prices_verification_and_the_drafts_longer_forwards_as_its_cost_table_does():
+    costs = virtual_clock.XEON_AVX512_FP32
+    step = costs.target(1, 600)
+    assert step == pytest.approx(0.283, rel=0.02)  # eval/results/costs-qwen-fp32-prepack-xeon-avx512.md
+    assert costs.target(5, 600) / step == pytest.approx(1.6)
+    assert costs.target(33, 600) / step == pytest.approx(3.47, rel=0.05)
+    assert costs.draft(33, 600) == pytest.approx(0.300, rel=0.1)  # its own slope, not the target's
+    assert costs.draft(800, 0) == pytest.approx(2.425, rel=0.05)
+    assert costs.target(800, 0) == pytest.approx(11.94, rel=0.05)
+
+
+def test_a_run_picks_its_cost_model_by_name(tmp_path):
+    out = tmp_path / "run"
+    virtual_clock.main(["--costs", "XEON_AVX512_FP32", "--pair", "tiny", "--dtype", "float32", "--prompts",
+                        "humaneval:0:1", "--max-new-tokens", "4", "--methods", "autoregressive", "--out", str(out)])
+    lines = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert lines[0]["environment"]["virtual_clock"]["model"] == "XEON_AVX512_FP32"
+    assert lines[0]["environment"]["virtual_clock"]["step_s"] == virtual_clock.XEON_AVX512_FP32.step_s
