@@ -536,7 +536,6 @@ class CopyAcceptance:
                 counts = self._next.setdefault(key, [0.0, 0.0])
                 counts[0], counts[1] = counts[0] + 1, counts[1] + (position <= accepted)
 
-
     def observe_unsent(self, option: Phrase, length: int, added: Sequence[int]) -> None:
         """A round that sent none of `option`'s first `length` tokens (a plain step, a draft round) added the tokens
         `added`: as far as they go, they say how many of the copy the target would have accepted (under sampling too:
