@@ -548,10 +548,7 @@ class CopyAcceptance:
         eval/results/virtual-unsent-copies-xeon.md)."""
         known = min(length, len(added))
         matched = next((i for i in range(known) if option.tokens[i] != added[i]), known)
-        if matched < known:
-            self.observe(option, matched + 1, matched)
-        elif known:
-            self.observe(option, known, known)
+        self.observe(option, min(matched + 1, known), matched)  # sent up to the first miss; none known: nothing
 
 
 def _carried(counts: dict[tuple, list[float]]) -> dict[tuple, list[float]]:

@@ -69,7 +69,7 @@ class ForwardCosts:
     def target(self, n: int, cached: int) -> float:
         if n > self.prefill_from:
             return self.prefill_s + self.prefill_per_token_s * n + self.prefill_quadratic_s * n * n
-        return self._short(n, cached)
+        return self._short(n, cached, self.per_token_past_short)
 
     def draft(self, n: int, cached: int) -> float:
         if n > self.prefill_from:
@@ -78,12 +78,10 @@ class ForwardCosts:
             else self.draft_per_token_past_short
         return self.draft_ratio * self._short(n, cached, per_token)
 
-    def _short(self, n: int, cached: int, per_token_past_short: float | None = None) -> float:
+    def _short(self, n: int, cached: int, per_token_past_short: float) -> float:
         step = self.step_s + self.step_per_cached_s * cached
         if n == 1:
             return step
-        if per_token_past_short is None:
-            per_token_past_short = self.per_token_past_short
         return step * self.short_ratio * (1.0 + per_token_past_short * max(0, n - self.short_tokens))
 
 
