@@ -199,7 +199,8 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
     )
 
 
-ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate")
+ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate",
+                "withheld")
 
 
 def _round_row(plan: RoundRecord) -> list:
@@ -208,7 +209,7 @@ def _round_row(plan: RoundRecord) -> list:
     rates = plan.rates or {}
     timings = (plan.seconds, *(rates.get(option) for option in ("step", "copy", "draft")))
     rounded = [None if x is None else round(x, 4) for x in timings]
-    return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded]
+    return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded, plan.withheld]
 
 
 def autoregressive(pair: Pair, ids: torch.Tensor) -> RunRecord:
