@@ -3,8 +3,7 @@
 Around the paper's draft-and-stop loop ([`PacerCandidateGenerator._draft_blocks`], untouched) this generator adds,
 through the loop's two seams:
 - `_propose`: a [`RoundPlanner`] picks each round's candidates: a copy from the sequence without the draft, the
-  draft (stopped by the head; the block it stopped at sent only where its verification pays) and then perhaps a
-  copied tail, or a plain target step;
+  draft (stopped by the head) and then perhaps a copied tail, or a plain target step;
 - `_draft_steps`: phrase confirmation (Ouroboros, arXiv 2402.13720): each draft forward also feeds a looked-up
   phrase (as many of its tokens as the planner finds worth feeding), and the draft moves on to the phrase's next token
   only while its own choice equals it, so one forward yields 1 to m + 1 tokens, each drawn from the draft's own q on
@@ -14,8 +13,7 @@ through the loop's two seams:
 
 Exactness: a copied token's candidate row is one-hot (the distribution it was drawn from), a drafted token's is the
 draft's processed q, and every decision reads only earlier rounds and this round's drafted tokens, so the round length
-stays a stopping time. A stopped block is left out under sampling only where the stop was decided before the block
-was drawn (`StopRule.stop_precedes_block`): otherwise whether a token is sent would depend on the token itself.
+stays a stopping time.
 """
 
 import time
@@ -23,7 +21,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .candidate_generator import Candidates, DraftedRun, DraftStep, PacerCandidateGenerator
+from .candidate_generator import Candidates, DraftStep, PacerCandidateGenerator
 from .phrases import NO_PHRASE, Phrase, PhrasePool
 from .planner import MAX_COPY_TOKENS, CallCosts, RoundPlanner
 from .stats import RoundRecord
@@ -58,12 +56,6 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         self._tail: Phrase = NO_PHRASE  # the look-up of the copied tokens of the round in flight
         self._draft_s = 0.0  # seconds the round in flight spent drafting, without its catch-up
         self._weighed: tuple[Phrase, int] | None = None  # the round in flight's best copy weighed, sent or not
-        self._drawn = 0  # tokens the round in flight drafted, sent or not
-        # Withholding the block the stop rule stopped at keeps sampling exact only where that stop was decided before
-        # the block was drawn (`StopRule.stop_precedes_block`); greedy output is the target's whatever is sent.
-        self._may_withhold = not self.do_sample or self.stop_rule.stop_precedes_block
-        # the round in flight's stopped block: drafted tokens before it, and its first withheld token with its row
-        self._stopped: tuple[int, tuple[int, torch.Tensor] | None] | None = None
 
     # ---- what a round sends -------------------------------------------------------------------------------
 
@@ -99,35 +91,17 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         start, missing = time.perf_counter(), self.draft.missing(input_ids)
         run = self._draft_blocks(input_ids, draft_room)
         self._draft_s = self._drafting_seconds(time.perf_counter() - start, missing, first)
-        self._drawn = drawn = run.tokens.shape[1]
-        drafted = self._stopped_block(run)
-        tokens, scores = run.tokens[:, :drafted], run.scores[:, :drafted] if drafted else None  # [1, k], [1, k, V]
-        record = RoundRecord("draft", drafted, drafted, end=run.end, withheld=drawn - drafted)
+        drafted = run.tokens.shape[1]
+        record = RoundRecord("draft", drafted, drafted, end=run.end)
         self._tail, tail = NO_PHRASE, []
-        if run.end != "eos" and room > drafted and drafted == drawn:
-            phrase = self.phrases.lookup(torch.cat([input_ids, tokens], dim=-1)[0].tolist(), MAX_COPY_TOKENS)
+        if run.end != "eos" and room > drafted:
+            phrase = self.phrases.lookup(torch.cat([input_ids, run.tokens], dim=-1)[0].tolist(), MAX_COPY_TOKENS)
             length, _ = self.planner.tail_length(phrase if phrase.tokens else None, room - drafted, run.end,
                                                  drafted)
             if length:
                 self._tail, tail = phrase, self._cut_after_eos(phrase.tokens[:length])
                 record.copied_from = phrase.source
-        return self._copied(tokens, scores, tail, record)
-
-    def _stopped_block(self, run: DraftedRun) -> int:
-        """How many of the run's drafted tokens to send: all, unless the stop rule stopped it (and may withhold,
-        `_may_withhold`), when the planner weighs the block it stopped at (`RoundPlanner.stopped_block_length`).
-        Keeps the first withheld token and the draft's row for it: the round's verification says whether the target
-        would have accepted it."""
-        drawn = run.tokens.shape[1]
-        self._stopped = None
-        if run.end != "head" or not self._may_withhold:
-            return drawn
-        block = min(self.config.block_size, drawn)
-        kept = drawn - block
-        send = kept + self.planner.stopped_block_length(kept, block)
-        withheld = (int(run.tokens[0, send]), run.scores[0, send]) if send < drawn else None  # token, [V]
-        self._stopped = (kept, withheld)
-        return send
+        return self._copied(run.tokens, run.scores, tail, record)
 
     def _drafting_seconds(self, wall_s: float, missing: int, first: bool) -> float:
         """What drafting a round costs without its catch-up: its wall time with the first forward, which also fed the
@@ -212,11 +186,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             planner.costs.observe_prefill(self._round_length + record.sent, target_s)
             planner.observe_first_round()
         if record.kind == "draft":
-            # The draft is learnt as if the whole stopped block had been sent: leaving it out is a choice about the
-            # verification, not news about the draft (learnt as a round of one token less, qa 363 of
-            # eval/results/virtual-stopped-block-xeon stepped 30 times after its first such round).
-            withheld_accepted = self._learn_stopped_block(input_ids, scores, accepted)
-            planner.drafts.observe(self._drawn, accepted + withheld_accepted, self._draft_s, record.end)
+            planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)
         else:
             planner.drafts.forget()
         copied = record.sent - record.drafted
@@ -225,34 +195,6 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
         elif not copied and self._weighed is not None:
             planner.copies.observe_unsent(*self._weighed, input_ids[0, self._round_length :].tolist())
         self._learn_phrases(input_ids, scores, accepted)
-
-    def _learn_stopped_block(self, input_ids: torch.LongTensor, scores: torch.Tensor, accepted: int) -> float:
-        """What the round says of the block the stop rule stopped at, once every drafted token before it was accepted:
-        how many of its sent tokens the target accepted and, where all were and a token was withheld, whether the
-        target would have accepted that one too (greedy: it chose that token; sampling: the probability min(1, p/q)
-        that the verification would have accepted it). Returns the latter (0 where nothing was withheld or reached).
-
-        `scores` `[1, n + 1, V]`: the target's processed logits at each candidate position of the round.
-        """
-        if self._stopped is None:
-            return 0.0
-        (kept, withheld), drafted = self._stopped, self._round.record.drafted
-        if drafted < kept or accepted < kept:  # cut before the block (a stopping criterion), or not reached
-            return 0.0
-        reached, held = drafted - kept, float(min(accepted, drafted) - kept)  # a tail's tokens are not the block's
-        position = self._round_length + accepted  # where the target's own token of the round stands
-        if withheld is not None and accepted == drafted and input_ids.shape[1] > position:
-            token, row = withheld
-            if self.do_sample:
-                p, q = scores[0, accepted].softmax(dim=-1)[token], row.softmax(dim=-1)[token]
-                hit = float(torch.clamp(p / q, max=1.0)) if q > 0 else 0.0
-            else:
-                hit = float(int(input_ids[0, position]) == token)
-            reached, held = reached + 1, held + hit
-        else:
-            hit = 0.0
-        self.planner.stopped_blocks.observe(reached, held)
-        return hit
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         """Stores what a rejected round teaches (Ouroboros): the target's own tokens after the rejected candidate,

@@ -205,15 +205,6 @@ EXPECTED_ANSWER_TOKENS = 64
 # offered a forward it gives 0.2 confirmed a forward, 7% of those offered: the planned rounds of
 # eval/results/planner-bar-amd-v2 confirmed 1.5-19% (median 5%) of the phrase tokens they offered, on every set.
 CONFIRM_PRIOR = (0.1, 0.6)
-# The block the stop rule stopped at: the probability that the target accepts its first token once every drafted token
-# before it was accepted, and each next one of the block once every one before it was. PACER sends that block anyway
-# (stopping ends drafting, it does not unsend), which costs nearly nothing where a verification of a few tokens costs
-# a step (a GPU, a CPU with bfloat16 units: 1.07 steps). Where it costs 1.5-1.7 steps (an Intel Xeon in float32), a
-# round whose only block was stopped pays 0.6 of a step to verify one token the target accepts about half the time:
-# on the Intel bar v7 and the virtual runs at both machines' costs the entropy stop's stopped token was accepted
-# 0.28-0.75 of the time (translation 0.20-0.45, qa 0.34-0.49, writing 0.39-0.41, ShareGPT 0.53-0.75). The first: their
-# median; the next ones (a trained head's blocks of four) not measured here, held at the confirmations' 0.6.
-STOPPED_BLOCK_PRIOR = (0.4, 0.6)
 
 
 class _Fit:
@@ -613,29 +604,26 @@ class DraftAcceptance:
         return self._all_accepted.get(end, [0.5])[0]
 
 
-class RunHazards:
-    """How runs of tokens hold in this call: the probability that a run's first token holds, and each next one once
-    every one before it did (pooled over positions), from the call's runs on top of a `prior` (weighing
-    `COPY_PRIOR_WEIGHT` runs). Phrase confirmation (does the draft choose a fed phrase's tokens) and the block the stop
-    rule stopped at (does the target accept it) are two such runs."""
+class Confirmations:
+    """How the draft confirms looked-up phrases in this call: the probability that it confirms a phrase's first token,
+    and each next one once every one before it was (pooled over positions), from the call's forwards on top of
+    `CONFIRM_PRIOR`."""
 
-    def __init__(self, prior: tuple[float, float]) -> None:
-        self.prior = prior
-        self._first, self._next = [0.0, 0.0], [0.0, 0.0]  # [tries, held]
+    def __init__(self) -> None:
+        self._first, self._next = [0.0, 0.0], [0.0, 0.0]  # [tries, confirmed]
 
     def hazards(self) -> tuple[float, float]:
-        """P(first token holds), P(next token holds | every one before it did)."""
-        return blend(self._first, self.prior[0]), blend(self._next, self.prior[1])
+        """P(first token confirmed), P(next token confirmed | every one before it was)."""
+        return blend(self._first, CONFIRM_PRIOR[0]), blend(self._next, CONFIRM_PRIOR[1])
 
-    def observe(self, reached: int, held: float) -> None:
-        """A run of which `reached` tokens were tried and the first `held` held (a token past the last tried one
-        cannot have failed: a stopped draft ends a run without a failure). A fractional part of `held` is the
-        probability that the token after the whole ones held (a sampled verification's acceptance probability)."""
+    def observe(self, reached: int, confirmed: int) -> None:
+        """A forward whose draft chose a token at `reached` positions of the fed phrase, the first `confirmed` of them
+        its tokens (a mismatch ends the run; a stopped draft ends it too, without a mismatch)."""
         if reached <= 0:
             return
-        self._first[0], self._first[1] = self._first[0] + 1, self._first[1] + min(held, 1.0)
-        for position in range(2, min(reached, int(held) + 1) + 1):
-            self._next[0], self._next[1] = self._next[0] + 1, self._next[1] + min(max(held - position + 1, 0.0), 1.0)
+        self._first[0], self._first[1] = self._first[0] + 1, self._first[1] + (confirmed > 0)
+        for position in range(2, min(reached, confirmed + 1) + 1):
+            self._next[0], self._next[1] = self._next[0] + 1, self._next[1] + (position <= confirmed)
 
 
 @dataclass
@@ -668,8 +656,7 @@ class RoundPlanner:
         self.copies = CopyAcceptance(_LAST_COPIES.get(costs))
         _LAST_COPIES[costs] = self.copies  # this call's copies start the pair's next call
         self.drafts = DraftAcceptance()
-        self.confirmations = RunHazards(CONFIRM_PRIOR)
-        self.stopped_blocks = RunHazards(STOPPED_BLOCK_PRIOR)
+        self.confirmations = Confirmations()
         self.max_new_tokens = max_new_tokens
         self.new_tokens = 0
         self.seconds = 0.0
@@ -827,24 +814,6 @@ class RoundPlanner:
                 break
             length += 1
         return length
-
-    def stopped_block_length(self, kept: int, block: int) -> int:
-        """How many of the `block` drafted tokens the stop rule stopped at, after `kept` drafted tokens it let pass, to
-        send: the n whose expected accepted tokens most exceed what they add to the round's verification, at the
-        call's rate (sending none of a round's only block makes the round a plain step; its draft forwards are spent
-        either way). The `kept` tokens are taken as accepted (a round's first token, where the stop let it pass, was
-        in 0.9-1.0 of the rounds of the runs behind `STOPPED_BLOCK_PRIOR`). Decided from earlier rounds and this
-        round's drafted tokens only, as the stop itself is."""
-        first, later = self.stopped_blocks.hazards()
-        base = self.costs.target(kept)
-        best, best_gain, reach, expected = 0, 0.0, 1.0, 0.0
-        for n in range(1, block + 1):
-            reach *= later if n > 1 else first
-            expected += reach
-            gain = expected - self.rate * (self.costs.target(kept + n) - base)
-            if gain >= best_gain:  # at a tie, send: the paper's round
-                best, best_gain = n, gain
-        return best
 
     def tail_length(self, option: Phrase | None, room: int, end: str, drafted: int) -> tuple[int, float]:
         """After `drafted` tokens of a draft that ended by `end`: how many of `option`'s tokens to append, reached

@@ -26,8 +26,6 @@ class RoundRecord:
             call must repay).
         seconds (`float`, *optional*): the round's wall time, from choosing its candidates to learning from its
             verification (set once verified).
-        withheld (`int`): drafted tokens not sent: the end of the block the stop rule stopped at, whose verification
-            the planner expected to cost more than it would add (`RoundPlanner.stopped_block_length`).
     """
 
     kind: str
@@ -39,7 +37,6 @@ class RoundRecord:
     copied_from: str | None = None
     rates: dict[str, float] | None = None
     seconds: float | None = None
-    withheld: int = 0
 
 
 @dataclass
@@ -107,16 +104,10 @@ class PacerStats:
         return sum(max(0, a - d) for a, d in zip(self.accepted_lengths, self.draft_lengths))
 
     @property
-    def withheld_tokens(self) -> int:
-        """Tokens the draft drew and did not send (`RoundRecord.withheld`)."""
-        return sum(plan.withheld for plan in self.plans)
-
-    @property
     def tokens_per_draft_forward(self) -> float:
-        """Tokens the draft drew (sent or withheld) per draft forward: 1 without phrases, more where the draft
-        confirmed phrase tokens."""
+        """Draft tokens per draft forward: 1 without phrases, more where the draft confirmed phrase tokens."""
         forwards = sum(self.draft_forwards)
-        return (self.drafted_tokens + self.withheld_tokens) / forwards if forwards else 0.0
+        return sum(self.draft_lengths) / forwards if forwards else 0.0
 
     @property
     def accepted_tokens(self) -> int:
@@ -157,8 +148,7 @@ class PacerStats:
         planned = (
             f"round kinds={kinds} copied accepted/sent={self.copied_tokens_accepted}/{sum(self.copied_lengths)} "
             f"phrase tokens confirmed/offered={self.phrase_tokens_confirmed}/{self.phrase_tokens_offered} "
-            f"withheld={self.withheld_tokens} "
-            if set(kinds) - {"draft"} or self.phrase_tokens_offered or self.withheld_tokens else ""
+            if set(kinds) - {"draft"} or self.phrase_tokens_offered else ""
         )
         return (
             f"rounds={self.rounds} candidates={self.candidate_tokens} accepted={self.accepted_tokens} "

@@ -50,8 +50,8 @@ def _seed():
 
 class ScriptedPlanner(RoundPlanner):
     """A planner whose choices are seeded coin flips among what a round allows: copy one of the look-up's options
-    (a random length), draft (feeding phrases of random lengths for confirmation, sending a random part of the block
-    the head stopped at, then a random tail), or a plain step. It covers every planner choice, and rounds that switch source mid-call, whatever the costs; exactness must
+    (a random length), draft (feeding phrases of random lengths for confirmation, then a random tail), or a plain
+    step. It covers every planner choice, and rounds that switch source mid-call, whatever the costs; exactness must
     hold for all of them."""
 
     calls = itertools.count()  # each call's planner draws its own choices, reproducibly over a test
@@ -61,7 +61,6 @@ class ScriptedPlanner(RoundPlanner):
         call = seed * 100_003 + next(self.calls)
         self.rng, self.kinds = random.Random(call), kinds
         self.confirm_rng = random.Random(f"confirm-{call}")  # its own draws: the rounds' choices stay as they were
-        self.stop_rng = random.Random(f"stop-{call}")  # likewise: how much of a stopped block to send
 
     def plan(self, options, room, draft_room, draft_missing, draft_started):
         kinds = [k for k in self.kinds if (k != "copy" or options) and (k != "draft" or draft_room > 0)] or ["step"]
@@ -74,9 +73,6 @@ class ScriptedPlanner(RoundPlanner):
     def confirm_length(self, phrase_length):
         rng = self.confirm_rng
         return phrase_length if rng.random() < 0.5 else rng.randint(0, phrase_length)
-
-    def stopped_block_length(self, kept, block):
-        return self.stop_rng.randint(0, block)
 
     def tail_length(self, option, room, end, drafted):
         if option is None or room <= 0 or self.rng.random() < 0.5:

@@ -10,8 +10,7 @@ from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
     CARRIED_COPIES, CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, DRAFT_MARGIN, EXPECTED_ANSWER_TOKENS,
     FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN,
-    SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, STOPPED_BLOCK_PRIOR, CallCosts, CopyAcceptance, Plan, RoundPlanner,
-    RunHazards, costs_for,
+    SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, CopyAcceptance, Plan, RoundPlanner, costs_for,
 )
 
 
@@ -556,22 +555,22 @@ def test_phrase_confirmation_feeds_what_the_calls_confirmations_pay_for():
     assert flat.confirm_length(8) > steep.confirm_length(8) > 0  # the prior: a first token at 0.1, the next at 0.6
     for planner in (flat, steep):
         for _ in range(30):
-            planner.confirmations.observe(reached=1, held=0)  # the draft disagrees at the first token
+            planner.confirmations.observe(reached=1, confirmed=0)  # the draft disagrees at the first token
     assert flat.confirm_length(8) == free and steep.confirm_length(8) == 0
     assert flat.confirm_length(2) == 2  # never more than the phrase has
     for planner in (flat, steep):
         for _ in range(60):
-            planner.confirmations.observe(reached=8, held=8)  # the text turns to copying: whole phrases confirmed
+            planner.confirmations.observe(reached=8, confirmed=8)  # the text turns to copying: whole phrases confirmed
         assert planner.confirm_length(8) == 8
         assert planner.confirm_length(0) == 0  # no room after this token
 
 
 def test_confirmations_count_only_the_positions_the_draft_reached():
-    confirmations = RunHazards(CONFIRM_PRIOR)
-    confirmations.observe(reached=0, held=0)  # nothing fed: nothing learnt
+    confirmations = Confirmations()
+    confirmations.observe(reached=0, confirmed=0)  # nothing fed: nothing learnt
     assert confirmations.hazards() == pytest.approx(CONFIRM_PRIOR)
-    confirmations.observe(reached=3, held=2)  # two confirmed, the third not
-    confirmations.observe(reached=2, held=2)  # the head stopped the draft after two confirmed: no failure
+    confirmations.observe(reached=3, confirmed=2)  # two confirmed, the third not
+    confirmations.observe(reached=2, confirmed=2)  # the head stopped the draft after two confirmed: no failure
     first, later = confirmations.hazards()
     weight = COPY_PRIOR_WEIGHT
     assert first == pytest.approx((2 + weight * CONFIRM_PRIOR[0]) / (2 + weight))
@@ -717,32 +716,3 @@ def test_steps_whose_tokens_the_best_copy_held_lead_the_call_back_to_copying():
 
     assert after_steps(first_token_right=True) == "copy"
     assert after_steps(first_token_right=False) == "step"
-
-
-def test_a_stopped_blocks_verification_is_bought_only_where_it_pays():
-    """The block the stop rule stopped at is sent (the paper's round) where verifying it costs about nothing, and left
-    out where one candidate costs 0.6 of a step more than a plain step and the target accepts it less often than that
-    (an Intel Xeon in float32: the entropy stop's one-token rounds on translation lost a step each to plain decoding):
-    a round whose only block was stopped becomes a plain step; a stopped block after accepted ones rides along free."""
-    flat = RoundPlanner(_costs(step=0.3, verify=0.32, per_token=0.0), max_new_tokens=128)  # a GPU, AMX: 1.07 steps
-    jumpy = RoundPlanner(_costs(step=0.3, verify=0.48, per_token=0.0), max_new_tokens=128)  # AVX-512 fp32: 1.6 steps
-    assert flat.stopped_blocks.hazards() == pytest.approx(STOPPED_BLOCK_PRIOR)
-    assert flat.stopped_block_length(kept=0, block=1) == 1
-    assert jumpy.stopped_block_length(kept=0, block=1) == 0  # 0.4 expected tokens for 0.6 of a step
-    assert jumpy.stopped_block_length(kept=3, block=1) == 1  # the jump is paid already: the token is free
-    assert jumpy.stopped_block_length(kept=0, block=4) == 4  # weighed whole: 0.4 + 0.24 + 0.14 + 0.09 tokens > 0.6
-    for _ in range(30):  # a call whose stopped tokens the target mostly accepts (chat)
-        jumpy.stopped_blocks.observe(reached=1, held=0.9)
-    assert jumpy.stopped_block_length(kept=0, block=1) == 1
-    copying = RoundPlanner(_costs(step=0.3, verify=0.32, per_token=0.0), max_new_tokens=128)
-    copying.observe_round(new_tokens=40, seconds=0.3)  # a call at 40 tokens a step: a verification's time is dear
-    assert copying.stopped_block_length(kept=0, block=1) == 0
-
-
-def test_a_run_learns_fractional_hits_as_acceptance_probabilities():
-    runs = RunHazards((0.5, 0.5))
-    runs.observe(reached=2, held=1.25)  # the first held; the second would have been accepted with probability 0.25
-    runs.observe(reached=1, held=0.5)
-    first, later = runs.hazards()
-    assert first == pytest.approx((1 + 0.5 + COPY_PRIOR_WEIGHT * 0.5) / (2 + COPY_PRIOR_WEIGHT))
-    assert later == pytest.approx((0.25 + COPY_PRIOR_WEIGHT * 0.5) / (1 + COPY_PRIOR_WEIGHT))

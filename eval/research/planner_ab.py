@@ -55,7 +55,7 @@ def _feeding_whole_phrases(planner_class: type) -> type:
     class WholePhrases(planner_class):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.confirmations = current_planner.RunHazards(current_planner.CONFIRM_PRIOR)  # learnt, never read
+            self.confirmations = current_planner.Confirmations()  # learnt, never read
 
         def confirm_length(self, phrase_length: int) -> int:
             return phrase_length
@@ -72,21 +72,6 @@ def _first_round_uncounted(planner_class: type) -> type:
             pass
 
     return FirstRoundUncounted
-
-
-def _sending_stopped_blocks(planner_class: type) -> type:
-    """A planner from before 2026-12-07, when the block the stop rule stopped at was always sent (the paper's round),
-    with today's interface."""
-
-    class SendsStoppedBlocks(planner_class):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.stopped_blocks = current_planner.RunHazards(current_planner.STOPPED_BLOCK_PRIOR)  # learnt, never read
-
-        def stopped_block_length(self, kept: int, block: int) -> int:
-            return block
-
-    return SendsStoppedBlocks
 
 
 def planner_method(rev: str):
@@ -106,8 +91,6 @@ def planner_method(rev: str):
         earlier = _feeding_whole_phrases(earlier)
     if not hasattr(earlier, "observe_first_round"):
         earlier = _first_round_uncounted(earlier)
-    if not hasattr(earlier, "stopped_block_length"):
-        earlier = _sending_stopped_blocks(earlier)
 
     class Generator(PhraseCandidateGenerator):
         planner_class = earlier

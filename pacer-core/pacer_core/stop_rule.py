@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import PacerHeadConfig
-from .head import EntropyRule, PacerHead
+from .head import PacerHead
 
 
 def log_threshold(threshold: float) -> float:
@@ -37,14 +37,6 @@ class StopRule:
         """Whether the head is asked after `drafted` tokens: at each full block, unless the threshold is 0 (a head
         that can never stop a round is not asked, which saves its features too)."""
         return drafted % self.config.block_size == 0 and self._log_threshold > -math.inf
-
-    @property
-    def stop_precedes_block(self) -> bool:
-        """Whether a stop after a block depends only on the tokens drafted before that block: true of the entropy rule
-        with blocks of one token (the entropy of the q a token is drawn from is known before the token is drawn),
-        false of a trained head, which also reads each drafted token's own probability. Only then may a loop leave
-        out the block it stopped at and keep sampling exact (greedy decoding stays exact whatever a round sends)."""
-        return isinstance(self.head, EntropyRule) and self.config.block_size == 1
 
     def log_pass_scores(self, hidden_states: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Log pass score of each round after its latest full block.

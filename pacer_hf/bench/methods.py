@@ -199,8 +199,7 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
     )
 
 
-ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate",
-                "withheld")
+ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate")
 
 
 def _round_row(plan: RoundRecord) -> list:
@@ -209,7 +208,7 @@ def _round_row(plan: RoundRecord) -> list:
     rates = plan.rates or {}
     timings = (plan.seconds, *(rates.get(option) for option in ("step", "copy", "draft")))
     rounded = [None if x is None else round(x, 4) for x in timings]
-    return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded, plan.withheld]
+    return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded]
 
 
 def autoregressive(pair: Pair, ids: torch.Tensor) -> RunRecord:
