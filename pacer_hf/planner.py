@@ -431,8 +431,9 @@ class CallCosts:
 
 
 _COSTS: "weakref.WeakKeyDictionary[object, dict[tuple[int, int | None], CallCosts]]" = weakref.WeakKeyDictionary()
-# The copies of the last call planned with each cost estimate (one per pair in a process: `CARRIED_COPIES`).
-_LAST_COPIES: "weakref.WeakKeyDictionary[CallCosts, CopyAcceptance]" = weakref.WeakKeyDictionary()
+# The last call planned with each cost estimate (one per pair in a process): its copies and draft rounds start the
+# next call's (`CARRIED_COPIES`, `DraftAcceptance`).
+_LAST_CALLS: "weakref.WeakKeyDictionary[CallCosts, RoundPlanner]" = weakref.WeakKeyDictionary()
 
 
 def costs_for(target: object, draft: object, draft_vocab: int | None = None) -> CallCosts:
@@ -568,11 +569,16 @@ class DraftAcceptance:
     forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the
     draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`])."""
 
-    def __init__(self) -> None:
+    def __init__(self, previous: "DraftAcceptance | None" = None) -> None:
         self.rounds = 0
         self.drafted, self.accepted = DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED
         self._per_token, self._per_token_weight = 0.0, 0.0  # seconds per drafted token, and its weight in rounds
         self._all_accepted = {end: [share, 1.0] for end, share in ALL_ACCEPTED_PRIOR.items()}  # end -> [mean, n]
+        if previous is not None:  # the pair's previous call: its means, weighing what the prior round weighs
+            self.drafted, self.accepted = previous.drafted, previous.accepted
+            self._per_token = previous._per_token
+            self._per_token_weight = min(previous._per_token_weight, DRAFT_PRIOR_ROUNDS)
+            self._all_accepted = {end: [mean, 1.0] for end, (mean, _) in previous._all_accepted.items()}
 
     def seconds(self, costs: CallCosts) -> float:
         """Expected seconds of drafting a round."""
@@ -653,9 +659,10 @@ class RoundPlanner:
 
     def __init__(self, costs: CallCosts, max_new_tokens: int):
         self.costs = costs
-        self.copies = CopyAcceptance(_LAST_COPIES.get(costs))
-        _LAST_COPIES[costs] = self.copies  # this call's copies start the pair's next call
-        self.drafts = DraftAcceptance()
+        previous = _LAST_CALLS.get(costs)
+        self.copies = CopyAcceptance(previous.copies if previous else None)
+        self.drafts = DraftAcceptance(previous.drafts if previous else None)
+        _LAST_CALLS[costs] = self  # this call starts the pair's next call
         self.confirmations = Confirmations()
         self.max_new_tokens = max_new_tokens
         self.new_tokens = 0
