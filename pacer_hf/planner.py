@@ -17,8 +17,8 @@ time and the output stays exactly the target's:
   forward that feeds n tokens (small n, and the per-token rate of long catch-ups), fitted online from timed rounds on
   top of priors, and remembered for the pair across the calls of a process ([`costs_for`]);
 - acceptance ([`CopyAcceptance`], [`DraftAcceptance`]): how copies of each source and match length, and the draft's
-  recent rounds (tokens, seconds, acceptance), fared so far in this call; copies start from the pair's previous call
-  (`CARRIED_COPIES`).
+  recent rounds (tokens, seconds, acceptance), fared so far in this call; both start from the pair's previous call
+  (`CARRIED_COPIES`, `DraftAcceptance`).
 
 Verification is priced apart from a plain step because machines differ there most: on a GPU, or a CPU with bfloat16
 matrix units, verifying a few candidates costs about one step; on a CPU without them it costs about two.
@@ -567,7 +567,12 @@ class DraftAcceptance:
     weighing `DRAFT_PRIOR_ROUNDS`): tokens drafted, tokens accepted, seconds of drafting per drafted token (its
     forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is the costs' draft
     forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the
-    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`])."""
+    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`]).
+
+    A call starts from the means of the pair's `previous` call, weighed as the prior round (its first rounds move them
+    as much), where there is one: a short answer drafts a few rounds, too few to pull the optimistic prior down where
+    the draft does not pay, and where it does the next call need not learn that again. Rounds without the draft still
+    move the means back towards the prior, not the previous call's, so a text of another kind tries the draft again."""
 
     def __init__(self, previous: "DraftAcceptance | None" = None) -> None:
         self.rounds = 0
