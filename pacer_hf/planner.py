@@ -17,8 +17,8 @@ time and the output stays exactly the target's:
   forward that feeds n tokens (small n, and the per-token rate of long catch-ups), fitted online from timed rounds on
   top of priors, and remembered for the pair across the calls of a process ([`costs_for`]);
 - acceptance ([`CopyAcceptance`], [`DraftAcceptance`]): how copies of each source and match length, and the draft's
-  recent rounds (tokens, seconds, acceptance), fared so far in this call; both start from the pair's previous call
-  (`CARRIED_COPIES`, `DraftAcceptance`).
+  recent rounds (tokens, seconds, acceptance), fared so far in this call; copies start from the pair's previous call
+  (`CARRIED_COPIES`).
 
 Verification is priced apart from a plain step because machines differ there most: on a GPU, or a CPU with bfloat16
 matrix units, verifying a few candidates costs about one step; on a CPU without them it costs about two.
@@ -431,9 +431,8 @@ class CallCosts:
 
 
 _COSTS: "weakref.WeakKeyDictionary[object, dict[tuple[int, int | None], CallCosts]]" = weakref.WeakKeyDictionary()
-# The last call planned with each cost estimate (one per pair in a process): its copies and draft rounds start the
-# next call's (`CARRIED_COPIES`, `DraftAcceptance`).
-_LAST_CALLS: "weakref.WeakKeyDictionary[CallCosts, RoundPlanner]" = weakref.WeakKeyDictionary()
+# The copies of the last call planned with each cost estimate (one per pair in a process: `CARRIED_COPIES`).
+_LAST_COPIES: "weakref.WeakKeyDictionary[CallCosts, CopyAcceptance]" = weakref.WeakKeyDictionary()
 
 
 def costs_for(target: object, draft: object, draft_vocab: int | None = None) -> CallCosts:
@@ -567,23 +566,13 @@ class DraftAcceptance:
     weighing `DRAFT_PRIOR_ROUNDS`): tokens drafted, tokens accepted, seconds of drafting per drafted token (its
     forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is the costs' draft
     forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the
-    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`]).
+    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`])."""
 
-    A call starts from the means of the pair's `previous` call, weighed as the prior round (its first rounds move them
-    as much), where there is one: a short answer drafts a few rounds, too few to pull the optimistic prior down where
-    the draft does not pay, and where it does the next call need not learn that again. Rounds without the draft still
-    move the means back towards the prior, not the previous call's, so a text of another kind tries the draft again."""
-
-    def __init__(self, previous: "DraftAcceptance | None" = None) -> None:
+    def __init__(self) -> None:
         self.rounds = 0
         self.drafted, self.accepted = DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED
         self._per_token, self._per_token_weight = 0.0, 0.0  # seconds per drafted token, and its weight in rounds
         self._all_accepted = {end: [share, 1.0] for end, share in ALL_ACCEPTED_PRIOR.items()}  # end -> [mean, n]
-        if previous is not None:  # the pair's previous call: its means, weighing what the prior round weighs
-            self.drafted, self.accepted = previous.drafted, previous.accepted
-            self._per_token = previous._per_token
-            self._per_token_weight = min(previous._per_token_weight, DRAFT_PRIOR_ROUNDS)
-            self._all_accepted = {end: [mean, 1.0] for end, (mean, _) in previous._all_accepted.items()}
 
     def seconds(self, costs: CallCosts) -> float:
         """Expected seconds of drafting a round."""
@@ -664,10 +653,9 @@ class RoundPlanner:
 
     def __init__(self, costs: CallCosts, max_new_tokens: int):
         self.costs = costs
-        previous = _LAST_CALLS.get(costs)
-        self.copies = CopyAcceptance(previous.copies if previous else None)
-        self.drafts = DraftAcceptance(previous.drafts if previous else None)
-        _LAST_CALLS[costs] = self  # this call starts the pair's next call
+        self.copies = CopyAcceptance(_LAST_COPIES.get(costs))
+        _LAST_COPIES[costs] = self.copies  # this call's copies start the pair's next call
+        self.drafts = DraftAcceptance()
         self.confirmations = Confirmations()
         self.max_new_tokens = max_new_tokens
         self.new_tokens = 0

@@ -8,10 +8,9 @@ import pytest
 
 from pacer_hf.phrases import Phrase
 from pacer_hf.planner import (
-    CARRIED_COPIES, CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, DRAFT_MARGIN, DRAFT_PRIOR_ROUNDS,
-    EXPECTED_ANSWER_TOKENS, FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE,
-    PRIOR_VERIFY_PER_TOKEN, SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, CopyAcceptance, Plan,
-    RoundPlanner, costs_for,
+    CARRIED_COPIES, CONFIRM_PRIOR, COPY_PRIOR_WEIGHT, DEAR_START_ODDS, DRAFT_MARGIN, EXPECTED_ANSWER_TOKENS,
+    FREE_VERIFY, MAX_COPY_TOKENS, PRIOR_DRAFT, PRIOR_PREFILL_PER_TOKEN, PRIOR_VERIFY_BASE, PRIOR_VERIFY_PER_TOKEN,
+    SHORT_VERIFY, STEP_MARGIN, STEP_RETIME_S, CallCosts, Confirmations, CopyAcceptance, Plan, RoundPlanner, costs_for,
 )
 
 
@@ -338,34 +337,6 @@ def test_a_call_starts_from_the_copies_of_the_pairs_previous_call():
     assert after.copies.hazards(copy, 1)[0] < 0.5 * RoundPlanner(_costs(), 32).copies.hazards(copy, 1)[0]
     assert first_plan(after) == "draft"
     assert first_plan(RoundPlanner(_costs(step=0.3, verify=0.33, per_token=0.002, draft=0.06), 32)) == "copy"
-
-
-def test_a_call_starts_from_the_draft_rounds_of_the_pairs_previous_call():
-    """Where a verification costs 1.6 steps (an Intel Xeon in float32) the draft's optimistic prior is worth about 1.15
-    times a step's rate, and a short answer whose draft rounds draft one token pays its first rounds to learn that
-    again: the next call of the pair starts from the previous one's rounds, weighed as the prior round is, so it steps
-    where a fresh call drafts; rounds without the draft still move it back towards the prior, so it tries again."""
-    costs = _costs(step=0.3, verify=0.48, per_token=0.0, draft=0.135, draft_per_token=0.0)
-
-    def first_plan(planner: RoundPlanner) -> str:
-        return planner.plan([], room=64, draft_room=16, draft_missing=50, draft_started=False).kind
-
-    translation = RoundPlanner(costs, max_new_tokens=32)
-    assert first_plan(translation) == "draft"
-    for _ in range(4):
-        translation.drafts.observe(drafted=1, accepted=0, seconds=0.135, end="head")
-    after = RoundPlanner(costs, max_new_tokens=32)
-    assert (after.drafts.drafted, after.drafts.accepted) == (translation.drafts.drafted, translation.drafts.accepted)
-    assert first_plan(after) == "step"
-    for _ in range(30):  # rounds without the draft
-        after.drafts.forget()
-    assert first_plan(after) == "draft"
-    code = RoundPlanner(costs, max_new_tokens=32)
-    start = code.drafts.accepted
-    code.drafts.observe(drafted=6, accepted=6, seconds=0.8, end="head")  # the carried means weigh as the prior round
-    assert code.drafts.accepted == pytest.approx(start + (6 - start) / (1 + DRAFT_PRIOR_ROUNDS))
-    assert first_plan(RoundPlanner(_costs(step=0.3, verify=0.48, per_token=0.0, draft=0.135, draft_per_token=0.0),
-                                   32)) == "draft"  # another pair starts from the prior
 
 
 def test_carried_copies_weigh_no_more_than_the_priors():
