@@ -20,6 +20,12 @@ forwards as an Intel Xeon without bfloat16 units does in float32 (`XEON_AVX512_F
 instead of the bar's AMD EPYC. Every other argument is the harness's.
 The records' environment says `"virtual_clock"` with the cost model's constants.
 
+`--overhead-ms X` makes the clock deterministic: time moves only by the modelled forwards, each charged X ms more for
+the Python around it (the head, logits processing, look-ups), and never by this machine's real seconds. Without it a
+planner's timing-based choices read this machine's Python seconds too, and the same code on the same prompts totalled
+196.5-200.9 s in four processes (`docs/planner.md`); with it the same code gives the same records, so an A/B's
+difference is the change's (on those prompts) and not the machine's.
+
 The cost model (`BAR_AMD_BF16`, fitted from the bar's own records, `eval/results/planner-bar-amd-v2.jsonl`, and the
 cost tables of that machine, `eval/results/costs-qwen-bf16-prepack{,-long}.md`): a target forward of one new token
 costs a step, `step_s + step_per_cached_s * L` for a cache of L tokens (fitted on the 54 plain-decoding calls); one
@@ -116,16 +122,20 @@ def _new_and_cached(args: tuple, kwargs: dict) -> tuple[int, int]:
 
 
 class VirtualClock:
-    """`time.perf_counter` plus an offset that turns each hooked forward's real seconds into modelled ones."""
+    """`time.perf_counter` plus an offset that turns each hooked forward's real seconds into modelled ones; with
+    `overhead_s`, only the modelled forwards, each plus `overhead_s` (deterministic)."""
 
-    def __init__(self, costs: ForwardCosts):
+    def __init__(self, costs: ForwardCosts, overhead_s: float | None = None):
         self.costs = costs
+        self.overhead_s = overhead_s
         self.offset_s = 0.0
         self.modelled_s = 0.0
         self._real = time.perf_counter
         self._started: dict[int, tuple[float, float]] = {}
 
     def now(self) -> float:
+        if self.overhead_s is not None:
+            return self.modelled_s
         return self._real() + self.offset_s
 
     def install(self) -> None:
@@ -143,7 +153,7 @@ class VirtualClock:
         def after(module, args, kwargs, output):
             real_start, modelled = self._started.pop(id(module))
             self.offset_s += modelled - (self._real() - real_start)
-            self.modelled_s += modelled
+            self.modelled_s += modelled + (self.overhead_s or 0.0)
 
         model.register_forward_pre_hook(before, with_kwargs=True)
         model.register_forward_hook(after, with_kwargs=True)
@@ -152,8 +162,10 @@ class VirtualClock:
 def main(argv: list[str] | None = None) -> None:
     picker = argparse.ArgumentParser(add_help=False)
     picker.add_argument("--costs", choices=sorted(COST_MODELS), default="BAR_AMD_BF16")
+    picker.add_argument("--overhead-ms", type=float, default=None)
     picked, argv = picker.parse_known_args(argv)
-    clock = VirtualClock(COST_MODELS[picked.costs])
+    overhead_s = None if picked.overhead_ms is None else picked.overhead_ms / 1000
+    clock = VirtualClock(COST_MODELS[picked.costs], overhead_s)
     load_models, environment = run.load_models, run.environment
 
     def load_on_the_clock(args: argparse.Namespace):
@@ -163,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         return models
 
     def environment_on_the_clock(*args, **kwargs) -> dict[str, Any]:
-        return {**environment(*args, **kwargs), "virtual_clock": {"model": picked.costs, **asdict(clock.costs)}}
+        return {**environment(*args, **kwargs),
+                "virtual_clock": {"model": picked.costs, **asdict(clock.costs), "overhead_s": overhead_s}}
 
     run.load_models, run.environment = load_on_the_clock, environment_on_the_clock
     clock.install()
