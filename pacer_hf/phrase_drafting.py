@@ -186,7 +186,7 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             planner.costs.observe_prefill(self._round_length + record.sent, target_s)
             planner.observe_first_round()
         if record.kind == "draft":
-            planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end, planner.unsure)
+            planner.drafts.observe(record.drafted, accepted, self._draft_s, record.end)
         else:
             planner.drafts.forget()
         copied = record.sent - record.drafted
@@ -194,8 +194,6 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             planner.copies.observe(self._tail, copied, accepted - record.drafted)
         elif not copied and self._weighed is not None:
             planner.copies.observe_unsent(*self._weighed, input_ids[0, self._round_length :].tolist())
-        chosen = scores[0, min(accepted, scores.shape[1] - 1)].float().softmax(-1)  # [V]: the last token's distribution
-        planner.observe_target_entropy(float(torch.special.entr(chosen).sum()))
         self._learn_phrases(input_ids, scores, accepted)
 
     def _learn_phrases(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:

@@ -168,14 +168,6 @@ STEP_MARGIN = 0.1
 # wNBG8Gp_0: 19 plain steps in a row with the draft expected at 1.03-1.09x a step; 15.2 s for the entropy stop, 17.9 s
 # planned).
 DRAFT_MARGIN = 0.03
-# The target's entropy (nats) over the token it chose last, above which the next round starts "unsure": the draft's
-# rounds from such a start are judged apart from the others ([`DraftAcceptance`]). Teacher-forced on plain decoding's
-# answers (the entropy stop's round from every position, float32; eval/results/TODO), a round after an unsure token
-# drafted 1.5-1.8 tokens on translation and qa and ended after one token 64-75% of the time, against 2.8-3.4 tokens and
-# 23-28% after a token chosen at under 0.05 nats: where a verification costs 1.6 steps, draft rounds from unsure starts
-# lost time on those sets and gained from sure ones. Code chose almost every token surely; chat and summaries gained
-# less from unsure starts but still gained, which each call learns for itself.
-UNSURE_NATS = 1.0
 # Most tokens one copy may send (the value rule usually stops earlier).
 MAX_COPY_TOKENS = 64
 # The lazy draft's first start is weighed against what the call's recent rounds achieved (their new tokens per second,
@@ -571,37 +563,29 @@ def _carried(counts: dict[tuple, list[float]]) -> dict[tuple, list[float]]:
 
 class DraftAcceptance:
     """The draft's recent rounds in this call, as running means over the last `RECENT_ROUNDS` (a prior round first,
-    weighing `DRAFT_PRIOR_ROUNDS`), kept apart by where the round starts (`UNSURE_NATS`): after a token the target chose
-    surely or unsurely. Per kind of start: tokens drafted and tokens accepted. For all rounds: seconds of drafting per
-    drafted token (its forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is
-    the costs' draft forward); and per way drafting ended, the share of rounds whose every drafted token was accepted
-    (a tail after the draft is reached only then). Rounds without the draft move the means back towards the prior
-    ([`forget`])."""
+    weighing `DRAFT_PRIOR_ROUNDS`): tokens drafted, tokens accepted, seconds of drafting per drafted token (its
+    forwards, selection and head calls, without the catch-up of tokens it had not seen; the prior is the costs' draft
+    forward); and per way drafting ended, the share of rounds whose every drafted token was accepted (a tail after the
+    draft is reached only then). Rounds without the draft move the means back towards the prior ([`forget`])."""
 
     def __init__(self) -> None:
-        self._means = {False: [0, DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED],  # unsure start -> [rounds, drafted,
-                       True: [0, DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED]}  #   accepted]
+        self.rounds = 0
+        self.drafted, self.accepted = DRAFT_PRIOR_TOKENS, DRAFT_PRIOR_ACCEPTED
         self._per_token, self._per_token_weight = 0.0, 0.0  # seconds per drafted token, and its weight in rounds
         self._all_accepted = {end: [share, 1.0] for end, share in ALL_ACCEPTED_PRIOR.items()}  # end -> [mean, n]
 
-    def expected(self, unsure: bool = False) -> tuple[float, float]:
-        """Tokens a round starting there is expected to draft, and to have accepted."""
-        _, drafted, accepted = self._means[unsure]
-        return drafted, accepted
-
-    def seconds(self, costs: CallCosts, drafted: float) -> float:
-        """Expected seconds of drafting `drafted` tokens."""
+    def seconds(self, costs: CallCosts) -> float:
+        """Expected seconds of drafting a round."""
         prior = costs.draft(1) * DRAFT_PRIOR_FORWARDS / DRAFT_PRIOR_TOKENS
         weight = self._per_token_weight
         per_token = (weight * self._per_token + DRAFT_PRIOR_ROUNDS * prior) / (weight + DRAFT_PRIOR_ROUNDS)
-        return per_token * drafted
+        return per_token * self.drafted
 
-    def observe(self, drafted: int, accepted: int, seconds: float, end: str, unsure: bool = False) -> None:
-        means = self._means[unsure]
-        means[0] = min(means[0] + 1, RECENT_ROUNDS)
-        step = 1 / (means[0] + DRAFT_PRIOR_ROUNDS)
-        means[1] += step * (drafted - means[1])
-        means[2] += step * (min(accepted, drafted) - means[2])
+    def observe(self, drafted: int, accepted: int, seconds: float, end: str) -> None:
+        self.rounds = min(self.rounds + 1, RECENT_ROUNDS)
+        step = 1 / (self.rounds + DRAFT_PRIOR_ROUNDS)
+        self.drafted += step * (drafted - self.drafted)
+        self.accepted += step * (min(accepted, drafted) - self.accepted)
         if drafted > 0:
             self._per_token_weight = min(self._per_token_weight + 1, RECENT_ROUNDS)
             self._per_token += (seconds / drafted - self._per_token) / self._per_token_weight
@@ -611,9 +595,8 @@ class DraftAcceptance:
 
     def forget(self) -> None:
         """A round without the draft: the estimates move `DRAFT_FORGET` of the way back towards the prior round."""
-        for means in self._means.values():
-            means[1] += DRAFT_FORGET * (DRAFT_PRIOR_TOKENS - means[1])
-            means[2] += DRAFT_FORGET * (DRAFT_PRIOR_ACCEPTED - means[2])
+        self.drafted += DRAFT_FORGET * (DRAFT_PRIOR_TOKENS - self.drafted)
+        self.accepted += DRAFT_FORGET * (DRAFT_PRIOR_ACCEPTED - self.accepted)
         self._per_token_weight *= 1 - DRAFT_FORGET
 
     def all_accepted(self, end: str) -> float:
@@ -680,7 +663,6 @@ class RoundPlanner:
         self.rounds_timed = 0
         self._first_round = False  # whether the call's first (untimed) round ran
         self._recent = [0.0, 0.0]  # new tokens, seconds of recent rounds (decayed)
-        self.unsure = False  # whether the target chose its last token unsurely (`UNSURE_NATS`)
 
     @property
     def rate(self) -> float:
@@ -742,11 +724,11 @@ class RoundPlanner:
         step.weighed = best.weighed = weighed
         if draft_room <= 0:
             return best
-        mean_drafted, mean_accepted = self.drafts.expected(self.unsure)
-        drafted = max(1, round(min(mean_drafted, draft_room)))
-        expected = 1 + min(mean_accepted, drafted)
+        drafts = self.drafts
+        drafted = max(1, round(min(drafts.drafted, draft_room)))
+        expected = 1 + min(drafts.accepted, drafted)
         catch_up = self.costs.catch_up(draft_missing, first=not draft_started)
-        draft_rate = expected / (self.drafts.seconds(self.costs, mean_drafted) + self.costs.target(drafted))
+        draft_rate = expected / (drafts.seconds(self.costs) + self.costs.target(drafted))
         rates["draft"] = draft_rate
         # Until the draft has run in this call its acceptance is the prior's, which the call's first draft rounds
         # replace: an untried draft whose start costs less than a step needs no margin over a step. With it, short
@@ -844,10 +826,6 @@ class RoundPlanner:
         """The call's first round ran: its target call also prefilled the prompt, so it is not timed as a round, but
         its token came without the draft, like a plain step's (the lazy draft's rent, `ROUNDS_BEFORE_DRAFT`)."""
         self._first_round = True
-
-    def observe_target_entropy(self, nats: float) -> None:
-        """The target chose the sequence's last token from a distribution of this entropy."""
-        self.unsure = nats > UNSURE_NATS
 
     def observe_round(self, new_tokens: int, seconds: float) -> None:
         """A round of this call added `new_tokens` in `seconds` (drafting and verification)."""

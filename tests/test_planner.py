@@ -643,7 +643,7 @@ def test_an_untried_draft_whose_start_costs_more_than_a_step_needs_the_margin():
     assert planner._repays(catch_up, plan.rates["draft"], plan.rates["step"])
     assert plan.kind == "step"
     assert planner.plan([], room=100, draft_room=8, draft_missing=30, draft_started=False).kind == "draft"  # cheap
-    planner.drafts._means[False][2] = 2.9  # the prior, were it this good: 1.2x a step's rate
+    planner.drafts.accepted = 2.9  # the prior, were it this good: 1.2x a step's rate
     assert planner.plan([], **long_prompt).kind == "draft"
 
 

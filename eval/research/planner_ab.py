@@ -74,25 +74,6 @@ def _first_round_uncounted(planner_class: type) -> type:
     return FirstRoundUncounted
 
 
-def _one_kind_of_start(planner_class: type) -> type:
-    """A planner from before 2026-12-07, whose draft estimate did not tell rounds after an unsure target token apart,
-    with today's interface."""
-
-    class OneKindOfStart(planner_class):
-        unsure = False
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            observe = self.drafts.observe
-            self.drafts.observe = lambda drafted, accepted, seconds, end, unsure=False: observe(drafted, accepted,
-                                                                                               seconds, end)
-
-        def observe_target_entropy(self, nats: float) -> None:
-            pass
-
-    return OneKindOfStart
-
-
 def planner_method(rev: str):
     """The harness method `planner@REV`."""
     module = planner_at(rev)
@@ -110,8 +91,6 @@ def planner_method(rev: str):
         earlier = _feeding_whole_phrases(earlier)
     if not hasattr(earlier, "observe_first_round"):
         earlier = _first_round_uncounted(earlier)
-    if not hasattr(earlier, "observe_target_entropy"):
-        earlier = _one_kind_of_start(earlier)
 
     class Generator(PhraseCandidateGenerator):
         planner_class = earlier
