@@ -1,5 +1,6 @@
 """The harness on a virtual clock: every model forward costs what a cost model of another machine says, not what it
-took here, so a planner can be judged at the bar's costs on a machine that does not have them, and without noise.
+took here, so a planner can be judged at the bar's costs on a machine that does not have them (and, with
+`--overhead-ms`, without this machine's noise).
 
 The bar of issue #27 (`docs/benchmarks.md`) runs in bfloat16 on an AMD EPYC with bfloat16 units, where a draft round
 pays on open text; on a CPU without them (AVX2 only) bfloat16 has no prepacked kernels and float32 prices a draft
