@@ -75,32 +75,35 @@ class PhraseCandidateGenerator(PacerCandidateGenerator):
             self._tail = NO_PHRASE
             candidates = self._nothing(input_ids, "step")
             candidates.record.end = "probe" if plan.probe else None
+            candidates.record.expected = plan.expected
         elif plan.kind == "copy":
             self._tail = plan.copy
             copied = self._cut_after_eos(plan.copy.tokens[: plan.length])
-            candidates = self._copied(input_ids[:, :0], None, copied, RoundRecord("copy", 0, 0,
-                                                                                copied_from=plan.copy.source))
+            record = RoundRecord("copy", 0, 0, expected=plan.expected, copied_from=plan.copy.source)
+            candidates = self._copied(input_ids[:, :0], None, copied, record)
         else:
-            candidates = self._draft_then_tail(input_ids, room, draft_room)
-        candidates.record.expected, candidates.record.rates = plan.expected, plan.rates
+            candidates = self._draft_then_tail(input_ids, room, draft_room, plan.expected)
+        candidates.record.rates = plan.rates
         return candidates
 
-    def _draft_then_tail(self, input_ids: torch.LongTensor, room: int, draft_room: int) -> Candidates:
-        """The head-stopped draft, then the copied tail the planner finds worth sending after it."""
+    def _draft_then_tail(self, input_ids: torch.LongTensor, room: int, draft_room: int,
+                         expected: float) -> Candidates:
+        """The head-stopped draft, then the copied tail the planner finds worth sending after it; the round's record
+        expects the planned draft round's `expected` new tokens and the tail's expected accepted ones."""
         first, self._draft_started = not self._draft_started, True
         start, missing = time.perf_counter(), self.draft.missing(input_ids)
         run = self._draft_blocks(input_ids, draft_room)
         self._draft_s = self._drafting_seconds(time.perf_counter() - start, missing, first)
         drafted = run.tokens.shape[1]
-        record = RoundRecord("draft", drafted, drafted, end=run.end)
+        record = RoundRecord("draft", drafted, drafted, expected=expected, end=run.end)
         self._tail, tail = NO_PHRASE, []
         if run.end != "eos" and room > drafted:
             phrase = self.phrases.lookup(torch.cat([input_ids, run.tokens], dim=-1)[0].tolist(), MAX_COPY_TOKENS)
-            length, _ = self.planner.tail_length(phrase if phrase.tokens else None, room - drafted, run.end,
-                                                 drafted)
+            length, tail_expected = self.planner.tail_length(phrase if phrase.tokens else None, room - drafted,
+                                                             run.end, drafted)
             if length:
                 self._tail, tail = phrase, self._cut_after_eos(phrase.tokens[:length])
-                record.copied_from = phrase.source
+                record.copied_from, record.expected = phrase.source, expected + tail_expected
         return self._copied(run.tokens, run.scores, tail, record)
 
     def _drafting_seconds(self, wall_s: float, missing: int, first: bool) -> float:

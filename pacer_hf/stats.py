@@ -14,7 +14,8 @@ class RoundRecord:
             the length limit left no room).
         sent (`int`): candidate tokens sent to the target.
         drafted (`int`): of those, tokens the draft drew (the rest were copied, with one-hot rows).
-        expected (`float`, *optional*): the new tokens the planner expected the round to add (`None` without one).
+        expected (`float`, *optional*): the new tokens the planner expected the round to add, a draft round's with its
+            copied tail's expected accepted tokens (`None` without a planner).
         accepted (`int`, *optional*): candidates the target accepted (set once it has verified them).
         end (`str`, *optional*): why drafting ended: `"head"`, `"limit"`, `"eos"` or `"source"` (a whole phrase
             confirmed); in a plain step, `"probe"` where it was taken to re-time the step (none timed in

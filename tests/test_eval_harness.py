@@ -6,7 +6,9 @@ import functools
 import pytest
 import torch
 
-from pacer_hf.bench.methods import OracleCandidateGenerator, OracleProbe, Pair, _ForwardLog, _rule_head_config, registry
+from pacer_hf.bench.methods import (
+    ROUND_FIELDS, OracleCandidateGenerator, OracleProbe, Pair, _ForwardLog, _rule_head_config, registry,
+)
 from pacer_hf.bench.report import markdown_table, summarize
 from pacer_hf import PacerHead, PacerStats
 from pacer_hf.tiny_models import tiny_pair
@@ -38,7 +40,10 @@ def test_every_method_gives_the_autoregressive_greedy_output(pair):
     assert records["confidence"].head_s is None and records["autoregressive"].head_s is None
     assert records["prompt-lookup-k10"].draft_forwards == 0  # copies tokens, no draft model
     for name in ("pacer+phrases", "entropy+phrases"):  # the planner's rounds, recorded
-        assert sum(records[name].phrases["round_kinds"].values()) == len(records[name].draft_lengths)
+        rows = records[name].phrases["rounds"]
+        assert sum(records[name].phrases["round_kinds"].values()) == len(records[name].draft_lengths) == len(rows)
+        expected = ROUND_FIELDS.index("expected")
+        assert all(len(row) == len(ROUND_FIELDS) and (row[0] == "limit") == (row[expected] is None) for row in rows)
     assert records["pacer"].phrases is None
     for name, record in records.items():  # the target's prefill is timed, once, inside the call
         assert 0 < record.prefill_s < record.wall_s + record.excluded_s, name

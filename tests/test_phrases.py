@@ -342,6 +342,35 @@ def test_rounds_that_send_no_copy_teach_the_planner_the_copy_it_weighed():
     assert counts == pytest.approx([len(tries), sum(first == token for first, token in tries)])
 
 
+def test_a_draft_rounds_record_expects_the_planned_round_and_its_tail():
+    """A round's record says what the planner expected of it: a draft round's planned new tokens plus its copied
+    tail's expected accepted tokens (the harness's rounds rows carry it, so expected and accepted can be compared)."""
+    planned: list[float] = []
+
+    class DraftingWithTails(planner.RoundPlanner):
+        def plan(self, options, room, draft_room, draft_missing, draft_started):
+            chosen = planner.Plan("draft", 1.5) if draft_room > 0 else planner.Plan("step", 1.0)
+            planned.append(chosen.expected)
+            return chosen
+
+        def tail_length(self, option, room, end, drafted):
+            return (min(2, room, len(option.tokens)), 0.25) if option is not None and room > 0 else (0, 0.0)
+
+    generator = type("TailGenerator", (PhraseCandidateGenerator,), {"planner_class": DraftingWithTails})
+    target, draft = _pair("qwen2", "same")
+    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    head = make_head(draft, "always", block_size=1, max_draft=2)
+    out, stats = _generate(target, draft, head, PhrasePool(), generator, input_ids=prompt,
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    records = [record for record in stats.plans if record.kind != "limit"]
+    assert len(records) == len(planned)
+    tails = [record.sent > record.drafted for record in records]
+    assert any(tails) and all(record.kind == "draft" for record in records)
+    assert [record.expected for record in records] == pytest.approx(
+        [expected + 0.25 * tail for expected, tail in zip(planned, tails)])
+
+
 def test_the_first_round_copies_nothing_from_the_prompt():
     """The prompt's end (a chat template's answer header) recurs earlier only before other turns: the first round
     drafts or steps, and copies start once the answer has."""

@@ -39,8 +39,9 @@ class RunRecord:
             `generate()` measures them in its `PacerStats`; `None` for methods outside pacer-hf's draft loop.
         phrases (`dict`, *optional*): phrase drafting's counts from the call's `PacerStats` (tokens offered to and
             confirmed by the draft, tokens copied without it and accepted, rounds of each kind, and `rounds`: each
-            round as a row of `ROUND_FIELDS`, its seconds and the rates the planner weighed; `draft_vocab`: the id
-            limit the draft scored below, `None` for its whole vocabulary); `None` without phrases.
+            round as a row of `ROUND_FIELDS`, its seconds, the rates the planner weighed and the new tokens it
+            expected; `draft_vocab`: the id limit the draft scored below, `None` for its whole vocabulary); `None`
+            without phrases.
         stats (`PacerStats`, *optional*): the whole statistics of a pacer-hf call; not written to the records.
     """
 
@@ -199,15 +200,16 @@ def _timed(pair: Pair, method: str, ids: torch.Tensor, log: _ForwardLog | None =
     )
 
 
-ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate")
+ROUND_FIELDS = ("kind", "sent", "drafted", "accepted", "seconds", "step_rate", "copy_rate", "draft_rate", "expected")
 
 
 def _round_row(plan: RoundRecord) -> list:
     """One planned round as a compact row of `ROUND_FIELDS` (rates in new tokens per second; `None` where the planner
-    did not weigh that option), so a run's records show why each call chose what it did."""
+    did not weigh that option; `expected`: the new tokens it expected, against `accepted` + 1), so a run's records
+    show why each call chose what it did and how far its expectations held."""
     rates = plan.rates or {}
     timings = (plan.seconds, *(rates.get(option) for option in ("step", "copy", "draft")))
-    rounded = [None if x is None else round(x, 4) for x in timings]
+    rounded = [None if x is None else round(x, 4) for x in (*timings, plan.expected)]
     return [plan.kind, plan.sent, plan.drafted, plan.accepted, *rounded]
 
 
