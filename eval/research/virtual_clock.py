@@ -18,7 +18,8 @@ seconds here.
 
 With `--rev REV` the earlier planners of `eval.research.planner_ab` run too; `--costs XEON_AVX512_FP32` prices the
 forwards as an Intel Xeon without bfloat16 units does in float32 (`XEON_AVX512_FP32`: a verification 1.5-2 steps)
-instead of the bar's AMD EPYC. Every other argument is the harness's.
+instead of the bar's AMD EPYC, and `--costs INTEL_AMX_BF16` as the Intel Xeon with AMX of the later bar runs does in
+bfloat16 (fitted to their records by `eval.research.fit_clock`). Every other argument is the harness's.
 The records' environment says `"virtual_clock"` with the cost model's constants.
 
 `--overhead-ms X` makes the clock deterministic: time moves only by the modelled forwards, each charged X ms more for
@@ -109,7 +110,22 @@ XEON_AVX512_FP32 = ForwardCosts(
     prefill_from=64, prefill_s=0.0, prefill_per_token_s=1.45e-2, prefill_quadratic_s=5.3e-7,
     draft_ratio=0.45, draft_prefill_s=0.086, draft_prefill_per_token_s=2.92e-3, draft_per_token_past_short=0.02,
 )
-COST_MODELS = {"BAR_AMD_BF16": BAR_AMD_BF16, "XEON_AVX512_FP32": XEON_AVX512_FP32}
+# The machine of the Intel bar runs (docs/benchmarks.md: a 2-core Intel Xeon with AMX and avx512_bf16, bfloat16
+# prepacked), fitted by `python -m eval.research.fit_clock` to its greedy runs with planned rounds
+# (eval/results/planner-bar-intel-v{5,6,7}, their -recheck-repeat3 reruns of v5 and v6, draft-vocab-bar-intel), at the
+# `--overhead-ms 2` it is meant for: a step 132 ms and barely growing with the cache; a verification of 2-9 tokens
+# 1.11 steps, each token past 9 adding 2.1% (the copy rounds' medians: 1.07-1.16 up to 11 tokens, 1.2 at 12-16, 1.4 at
+# 17-22 where AMX's 16-row tiles end, 2.2 at 65); the target's prefill 1.5 ms a prompt token; a draft forward 0.354
+# of a step (its head included), its first 0.9 ms a token it feeds. Priced from their counts this way, the runs'
+# plain-decoding calls take 1.01 of their real seconds (median; quartiles 0.98-1.04) and the entropy stop's 1.00
+# (0.90-1.03); transformers' own drafting loops (fixed-k4, confidence) 0.93: their Python a round is more than 2 ms a
+# forward, so the model prices stock drafting a little faster than it ran.
+INTEL_AMX_BF16 = ForwardCosts(
+    step_s=0.1316, step_per_cached_s=5.4e-6, short_tokens=9, short_ratio=1.11, per_token_past_short=0.021,
+    prefill_from=64, prefill_s=0.134, prefill_per_token_s=1.486e-3, prefill_quadratic_s=1.91e-7,
+    draft_ratio=0.354, draft_prefill_s=0.0, draft_prefill_per_token_s=9.05e-4, draft_per_token_past_short=0.0,
+)
+COST_MODELS = {"BAR_AMD_BF16": BAR_AMD_BF16, "XEON_AVX512_FP32": XEON_AVX512_FP32, "INTEL_AMX_BF16": INTEL_AMX_BF16}
 
 
 def _new_and_cached(args: tuple, kwargs: dict) -> tuple[int, int]:
