@@ -22,6 +22,7 @@ from conftest import PROMPT, make_head, scripted_rounds
 
 MAX_NEW_TOKENS = 21
 POOL_KINDS = ("always", "never", "random")
+REPEATING = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])  # a prompt whose look-ups find copies
 
 
 class ScriptedPool(PhrasePool):
@@ -279,7 +280,7 @@ def test_real_pool_learns_within_a_call_and_across_calls():
     """The shipped pool: copies from it stay exact, and a pool passed to the next call starts warm (the second call
     of the same prompt copies its whole output from what the first stored)."""
     target, draft = _pair("qwen2", "same")
-    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    prompt = REPEATING
     plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
     pool = PhrasePool()
     head = make_head(draft, "always", block_size=1, max_draft=8)
@@ -296,7 +297,7 @@ def test_real_pool_learns_within_a_call_and_across_calls():
 def test_a_call_that_only_copies_never_runs_the_draft():
     """The lazy draft: no draft forward (not even the prompt's prefill) until a round drafts."""
     target, draft = _pair("qwen2", "same")
-    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    prompt = REPEATING
     calls = []
     handle = draft.register_forward_pre_hook(lambda *args: calls.append(1))
     try:
@@ -307,6 +308,18 @@ def test_a_call_that_only_copies_never_runs_the_draft():
         handle.remove()
     assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
     assert stats.round_kinds.get("copy", 0) > 0 and calls == []
+
+
+def _planned_on_a_repeating_prompt(planner_class, max_draft: int):
+    """Greedy rounds on `REPEATING` planned by `planner_class`; the output checked against plain greedy."""
+    generator = type(f"{planner_class.__name__}Generator", (PhraseCandidateGenerator,),
+                     {"planner_class": planner_class})
+    target, draft = _pair("qwen2", "same")
+    head = make_head(draft, "always", block_size=1, max_draft=max_draft)
+    out, stats = _generate(target, draft, head, PhrasePool(), generator, input_ids=REPEATING,
+                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, target.generate(REPEATING, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    return out, stats
 
 
 def test_rounds_that_send_no_copy_teach_the_planner_the_copy_it_weighed():
@@ -327,14 +340,8 @@ def test_rounds_that_send_no_copy_teach_the_planner_the_copy_it_weighed():
             weighed_firsts.append(weighed[0].tokens[0] if weighed else None)
             return planner.Plan("step", 1.0, weighed=weighed)
 
-    generator = type("SteppingGenerator", (PhraseCandidateGenerator,), {"planner_class": Stepping})
-    target, draft = _pair("qwen2", "same")
-    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
-    head = make_head(draft, "always", block_size=1, max_draft=8)
-    out, stats = _generate(target, draft, head, PhrasePool(), generator, input_ids=prompt,
-                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
-    added = out[0, prompt.shape[1] :].tolist()
+    out, stats = _planned_on_a_repeating_prompt(Stepping, max_draft=8)
+    added = out[0, REPEATING.shape[1] :].tolist()
     tries = [(first, token) for first, token in zip(weighed_firsts, added) if first is not None]
     assert len(tries) >= 10 and set(stats.round_kinds) <= {"step", "limit"}
     (call,) = planners
@@ -356,13 +363,7 @@ def test_a_draft_rounds_record_expects_the_planned_round_and_its_tail():
         def tail_length(self, option, room, end, drafted):
             return (min(2, room, len(option.tokens)), 0.25) if option is not None and room > 0 else (0, 0.0)
 
-    generator = type("TailGenerator", (PhraseCandidateGenerator,), {"planner_class": DraftingWithTails})
-    target, draft = _pair("qwen2", "same")
-    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
-    head = make_head(draft, "always", block_size=1, max_draft=2)
-    out, stats = _generate(target, draft, head, PhrasePool(), generator, input_ids=prompt,
-                           max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    assert torch.equal(out, target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    _, stats = _planned_on_a_repeating_prompt(DraftingWithTails, max_draft=2)
     records = [record for record in stats.plans if record.kind != "limit"]
     assert len(records) == len(planned)
     tails = [record.sent > record.drafted for record in records]
@@ -375,7 +376,7 @@ def test_the_first_round_copies_nothing_from_the_prompt():
     """The prompt's end (a chat template's answer header) recurs earlier only before other turns: the first round
     drafts or steps, and copies start once the answer has."""
     target, draft = _pair("qwen2", "same")
-    prompt = torch.tensor([[0] + [11, 42, 7, 23, 5, 19] * 4])
+    prompt = REPEATING
     head = make_head(draft, "always", block_size=1, max_draft=8)
     out, stats = _generate(target, draft, head, PhrasePool(), scripted_rounds(kinds=("copy",)), input_ids=prompt,
                            max_new_tokens=MAX_NEW_TOKENS, do_sample=False)

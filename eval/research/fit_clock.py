@@ -1,6 +1,7 @@
 """Fits a `virtual_clock.ForwardCosts` to a machine's harness records, and says how well it prices them.
 
-    python -m eval.research.fit_clock eval/results/planner-bar-intel-v{5,6,7}.jsonl eval/results/draft-vocab-bar-intel.jsonl
+    python -m eval.research.fit_clock eval/results/planner-bar-intel-v{5,6,7}.jsonl \\
+        eval/results/planner-bar-intel-v{5,6}-recheck-repeat3.jsonl eval/results/draft-vocab-bar-intel.jsonl
 
 Greedy runs with `autoregressive` and planned rounds (`entropy+phrases`: each round's kind, tokens sent and drafted,
 seconds) on one machine. The fit, each part from the rounds that isolate it, less the virtual clock's `--overhead-ms`
