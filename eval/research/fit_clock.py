@@ -19,21 +19,19 @@ counts (its tokens spread evenly over its rounds), against its real seconds.
 """
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
+from .phrase_bound import load_run
 from .virtual_clock import ForwardCosts
 
 
 def _load(paths: list[str]) -> list[dict]:
-    rows = []
-    for path in paths:
-        with open(path) as lines:
-            rows += [json.loads(line) for line in lines][1:]  # the first line is the environment
-    return rows
+    """The records of every run in `paths` (each a greedy run's: its verifications are what the fit reads)."""
+    return [record for path in paths for record in load_run(Path(path))[1]]
 
 
 def _rounds(record: dict):

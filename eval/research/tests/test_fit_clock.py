@@ -55,6 +55,6 @@ def test_plain_decoding_is_priced_as_recorded(tmp_path, capsys):
     plain = [row for row in rows if row["method"] == "autoregressive"]
     assert all(price(TRUE, row, OVERHEAD_S) == pytest.approx(row["wall_s"]) for row in plain)
     path = tmp_path / "records.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in [{"environment": {}}, *rows]))
+    path.write_text("\n".join(json.dumps(row) for row in [{"environment": {"mode": "greedy"}}, *rows]))
     main([str(path)])
     assert "| autoregressive | 4 | 1.000 |" in capsys.readouterr().out
