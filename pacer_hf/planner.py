@@ -148,15 +148,18 @@ DRAFT_FORGET = 0.1
 STEP_DECAY = 0.7
 STEP_RETIME_S = 20.0
 # A shared machine's speed swings 2-3x within a call (a step took 0.13-0.39 s in calls of eval/results/
-# planner-bar-intel), so a verification's ratio to a step is learnt only from a verification and a plain step timed
-# one right after the other, against that step: a verification timed in a slow stretch and divided by a step's
-# estimate from a fast one priced 3 candidates at 1.27-1.57 steps where a bare 4-token forward took 1.11 of a 1-token
-# one, and drafting, 1.4 times a step's rate there, looked 1.2 and lost to plain steps by the margin. Every other
-# verification times the machine: it is a step's estimate at the ratio learnt, so the step follows every target call,
-# and a round's draft forwards are learnt against the step its own target call implies. A swing can still fall between
-# the two calls of a pair (the step 2.5x the verification's): a ratio is learnt clipped to within this factor of its
-# price now, so that one such pair moves a price by about 1% instead of 10%, and a true price far from the prior (a
-# GPU's 64 candidates at 1.05 steps against the prior's 2.6) is still reached, a factor at a time.
+# planner-bar-intel), so a verification's ratio to a step is learnt only from two target calls timed one right after
+# the other: a verification and a plain step, against that step; or two verifications of different lengths, the later
+# against the earlier's price (a call that copies steps once or twice, and learnt only next to steps, a process's first
+# summaries on the bar's AMD EPYC still priced a 64-token copy at 2.3 steps where it took 4: the prior's 2.5% a
+# candidate, not the machine's 5%; eval/results/virtual-verify-shape-amd). A verification timed in a slow stretch and
+# divided by a step's estimate from a fast one priced 3 candidates at 1.27-1.57 steps where a bare 4-token forward took
+# 1.11 of a 1-token one, and drafting, 1.4 times a step's rate there, looked 1.2 and lost to plain steps by the margin.
+# Every target call also times the machine: it is a step's estimate at the ratio learnt, so the step follows every
+# target call, and a round's draft forwards are learnt against the step its own target call implies. A swing can still
+# fall between the two calls of a pair (the step 2.5x the verification's): a ratio is learnt clipped to within this
+# factor of its price now, so that one such pair moves a price by about 1% instead of 10%, and a true price far from
+# the prior (a GPU's 64 candidates at 1.05 steps against the prior's 2.6) is still reached, a factor at a time.
 RATIO_CLIP = 1.5
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.
@@ -278,9 +281,9 @@ class CallCosts:
       never above the target's prefill of as many tokens (`observe_prefill`, each call's first target call).
 
     The step is fitted in seconds, from plain steps and from every verification at the ratio learnt; every other cost
-    in steps (see `STEP_DECAY`, `RATIO_CLIP`): a verification against a plain step timed right before or after it, a
-    draft forward against the step its round's target call implies; the priors are ratios to a step, and a query
-    multiplies by the step's estimate now.
+    in steps (see `STEP_DECAY`, `RATIO_CLIP`): a verification against a plain step timed right before or after it (or
+    a verification of another length right before it, at that one's price); a draft forward against the step its
+    round's target call implies; the priors are ratios to a step, and a query multiplies by the step's estimate now.
     Until a step is timed the first timed round sets the step's prior. One object per (target, draft) pair in a
     process ([`costs_for`]), so a call starts from what earlier calls measured.
     """
@@ -322,6 +325,9 @@ class CallCosts:
         else:
             if self._previous and not self._previous[0]:  # a step right before
                 self._observe_ratio(candidates, seconds / self._previous[1])
+            elif self._previous and self._previous[0] != candidates:  # a verification of another length right before
+                before, before_s = self._previous
+                self._observe_ratio(candidates, self._verify_steps(before) * seconds / before_s)
             step_s = seconds / self._verify_steps(candidates)  # the step this call implies, at the ratio learnt
             self._step.observe(0, step_s)
             self.seconds_since_step += seconds

@@ -216,6 +216,23 @@ def test_a_call_that_drafts_every_round_re_times_the_step_now_and_then():
     assert not any(plan.probe for plan in plans if plan.kind == "draft")
 
 
+def test_a_call_that_never_steps_learns_the_verifications_shape_from_its_verifications():
+    """A call that copies (a summary) takes one plain step and then verifies every round: the price of a long copy
+    against a short one is learnt from consecutive verifications of different lengths, not from the prior's 2.5% a
+    candidate. Learnt only next to plain steps, a process's first summaries on the bar's AMD EPYC (flat up to about 10
+    candidates, about 5% of a step each after) still priced a 64-token copy at 2.3 steps where it took 4, and sent
+    copies of 20-64 tokens with none accepted (summary 286: 12.1 s against prompt lookup k10's 9.5 s)."""
+    costs = CallCosts()
+    costs.observe_round(0, 0.3)
+    lengths = [2, 40, 8, 64, 5, 24, 10, 48, 3, 32] * 8
+    for n in lengths:
+        costs.observe_round(n, 0.31 + 0.015 * max(n - SHORT_VERIFY, 0))  # flat, then 5% of a step a candidate
+    assert costs.step() == pytest.approx(0.3, rel=0.05)
+    assert costs.target(2) == pytest.approx(0.31, rel=0.05) and costs.verify_marginal(2) < 0.003
+    assert costs.target(64) == pytest.approx(0.31 + 0.015 * 54, rel=0.1)
+    assert costs.verify_marginal(40) == pytest.approx(0.015, rel=0.15)
+
+
 def test_rounds_that_verify_keep_the_verification_timed():
     """A call that copies (a summary) verifies every round: its verification is priced as timed, while the draft's
     price, which it never times, goes back to its prior's share of the step (`DRAFT_FORGET` a round)."""
