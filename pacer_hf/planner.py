@@ -148,18 +148,18 @@ DRAFT_FORGET = 0.1
 STEP_DECAY = 0.7
 STEP_RETIME_S = 20.0
 # A shared machine's speed swings 2-3x within a call (a step took 0.13-0.39 s in calls of eval/results/
-# planner-bar-intel), so a verification's ratio to a step is learnt only from two target calls timed one right after
-# the other: a verification and a plain step, against that step; or two verifications of different lengths, the later
+# planner-bar-intel), so a verification's ratio to a step is learnt only from two target calls timed one right after the
+# other: a verification and a plain step, against that step; or two verifications of different lengths, the later
 # against the earlier's price (a call that copies steps once or twice, and learnt only next to steps, a process's first
-# summaries on the bar's AMD EPYC still priced a 64-token copy at 2.3 steps where it took 4: the prior's 2.5% a
-# candidate, not the machine's 5%; eval/results/virtual-verify-shape-amd). A verification timed in a slow stretch and
-# divided by a step's estimate from a fast one priced 3 candidates at 1.27-1.57 steps where a bare 4-token forward took
-# 1.11 of a 1-token one, and drafting, 1.4 times a step's rate there, looked 1.2 and lost to plain steps by the margin.
-# Every target call also times the machine: it is a step's estimate at the ratio learnt, so the step follows every
-# target call, and a round's draft forwards are learnt against the step its own target call implies. A swing can still
-# fall between the two calls of a pair (the step 2.5x the verification's): a ratio is learnt clipped to within this
-# factor of its price now, so that one such pair moves a price by about 1% instead of 10%, and a true price far from
-# the prior (a GPU's 64 candidates at 1.05 steps against the prior's 2.6) is still reached, a factor at a time.
+# summaries on the bar's AMD EPYC still priced a 64-token copy at about 2.5 steps where it took 4: the prior's 2.5% a
+# candidate, not the machine's 5%; the A/B: eval/results/virtual-verify-shape-amd). A verification timed in a slow
+# stretch and divided by a step's estimate from a fast one priced 3 candidates at 1.27-1.57 steps where a bare 4-token
+# forward took 1.11 of a 1-token one, and drafting, 1.4 times a step's rate there, looked 1.2 and lost to plain steps by
+# the margin. Every target call also times the machine: it is a step's estimate at the ratio learnt, so the step follows
+# every target call, and a round's draft forwards are learnt against the step its own target call implies. A swing can
+# still fall between the two calls of a pair (the step 2.5x the verification's): a ratio is learnt clipped to within
+# this factor of its price now, so that one such pair moves a price by about 1% instead of 10%, and a true price far
+# from the prior (a GPU's 64 candidates at 1.05 steps against the prior's 2.6) is still reached, a factor at a time.
 RATIO_CLIP = 1.5
 # How much faster than a plain step another option must be expected to be before the planner leaves the step, whose
 # cost is measured while the option's acceptance is an estimate.

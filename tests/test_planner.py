@@ -220,7 +220,7 @@ def test_a_call_that_never_steps_learns_the_verifications_shape_from_its_verific
     """A call that copies (a summary) takes one plain step and then verifies every round: the price of a long copy
     against a short one is learnt from consecutive verifications of different lengths, not from the prior's 2.5% a
     candidate. Learnt only next to plain steps, a process's first summaries on the bar's AMD EPYC (flat up to about 10
-    candidates, about 5% of a step each after) still priced a 64-token copy at 2.3 steps where it took 4, and sent
+    candidates, about 5% of a step each after) still priced a 64-token copy at about 2.5 steps where it took 4, and sent
     copies of 20-64 tokens with none accepted (summary 286: 12.1 s against prompt lookup k10's 9.5 s)."""
     costs = CallCosts()
     costs.observe_round(0, 0.3)
