@@ -323,11 +323,10 @@ class CallCosts:
             if self._previous and self._previous[0]:  # a verification right before
                 self._observe_ratio(self._previous[0], self._previous[1] / seconds)
         else:
-            if self._previous and not self._previous[0]:  # a step right before
-                self._observe_ratio(candidates, seconds / self._previous[1])
-            elif self._previous and self._previous[0] != candidates:  # a verification of another length right before
+            if self._previous and self._previous[0] != candidates:  # a step, or a verification of another length
                 before, before_s = self._previous
-                self._observe_ratio(candidates, self._verify_steps(before) * seconds / before_s)
+                before_steps = self._verify_steps(before) if before else 1.0  # its price in steps
+                self._observe_ratio(candidates, before_steps * seconds / before_s)
             step_s = seconds / self._verify_steps(candidates)  # the step this call implies, at the ratio learnt
             self._step.observe(0, step_s)
             self.seconds_since_step += seconds
